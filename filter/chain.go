@@ -1,0 +1,384 @@
+package filter
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Errors returned by Chain methods. Errors from the Pager are returned
+// wrapped; callers use errors.Is.
+var (
+	// ErrFull is returned by Add and Insert when a key cannot be placed and
+	// the chain already has MaxSubFilters sub-filters.
+	ErrFull = errors.New("filter: full")
+	// ErrCorrupt is returned when metadata cannot be decoded or a page has
+	// the wrong length.
+	ErrCorrupt = errors.New("filter: corrupt state")
+	// ErrParams is returned by Open when the stored state was written with
+	// another format version, hash or Params.
+	ErrParams = errors.New("filter: stored state was written with other parameters")
+)
+
+// SubFilter describes one sub-filter of a chain.
+type SubFilter struct {
+	// Buckets is the number of buckets, a power of two.
+	Buckets uint64
+	// FingerprintBits is the fingerprint width f of this sub-filter.
+	FingerprintBits int
+	// Items is the number of fingerprints stored (inserts minus deletes that
+	// found a fingerprint).
+	Items uint64
+}
+
+// Slots is the number of slots of s for bucket size b.
+func (s SubFilter) Slots(b int) uint64 { return s.Buckets * uint64(b) }
+
+// Stats summarizes a chain.
+type Stats struct {
+	SubFilters int
+	Items      uint64
+	Slots      uint64
+	// LoadFactor is Items/Slots over the whole chain.
+	LoadFactor float64
+	// NewestLoadFactor is the load factor of the sub-filter inserts go to.
+	NewestLoadFactor float64
+	// EstimatedFPR is the sum over sub-filters of 2*b*load/2^f: the
+	// probability that a key never inserted is reported present.
+	EstimatedFPR float64
+	// Bytes is the size of all pages of the chain (allocated or not).
+	Bytes uint64
+}
+
+// Chain is a chained cuckoo filter over pages supplied by a Pager.
+//
+// A Chain is not safe for concurrent use: one goroutine owns it (kdedup keeps
+// one chain per topic-partition).
+type Chain struct {
+	p      Params
+	pager  Pager
+	subs   []SubFilter
+	width  int    // bytes per slot
+	bpp    uint64 // buckets per page
+	kicks  []kick // reused eviction log
+	fpMask uint32
+}
+
+type kick struct {
+	slot int    // byte offset of the slot in the page
+	old  uint32 // fingerprint the slot held before the kick
+}
+
+// New returns an empty chain with one sub-filter sized for p.Capacity. No
+// page is touched until the first insert.
+func New(p Params, pager Pager) (*Chain, error) {
+	p = p.WithDefaults()
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	c := newChain(p, pager)
+	c.subs = []SubFilter{{Buckets: p.firstBuckets(), FingerprintBits: p.FingerprintBits}}
+	return c, nil
+}
+
+func newChain(p Params, pager Pager) *Chain {
+	fpMask := uint32(1)<<p.FingerprintBits - 1
+	if p.FingerprintBits == 32 {
+		fpMask = ^uint32(0)
+	}
+	return &Chain{
+		p:      p,
+		pager:  pager,
+		width:  p.FingerprintBits / 8,
+		bpp:    p.BucketsPerPage(),
+		kicks:  make([]kick, 0, p.MaxKicks),
+		fpMask: fpMask,
+	}
+}
+
+// Params returns the chain's parameters (defaults applied).
+func (c *Chain) Params() Params { return c.p }
+
+// SubFilters returns a copy of the chain's sub-filters, oldest first.
+func (c *Chain) SubFilters() []SubFilter { return append([]SubFilter(nil), c.subs...) }
+
+// Stats returns the chain's load and estimated false-positive rate.
+func (c *Chain) Stats() Stats {
+	s := Stats{SubFilters: len(c.subs)}
+	b := c.p.BucketSize
+	for _, sf := range c.subs {
+		slots := sf.Slots(b)
+		s.Items += sf.Items
+		s.Slots += slots
+		s.Bytes += sf.Buckets / c.bpp * uint64(c.p.PageBytes)
+		s.EstimatedFPR += ExpectedFPR(b, sf.FingerprintBits, float64(sf.Items)/float64(slots))
+	}
+	s.LoadFactor = float64(s.Items) / float64(s.Slots)
+	newest := c.subs[len(c.subs)-1]
+	s.NewestLoadFactor = float64(newest.Items) / float64(newest.Slots(b))
+	return s
+}
+
+// position is where a key lives in one sub-filter: its page, the byte
+// offsets of its two candidate buckets in that page, and its fingerprint.
+type position struct {
+	id     PageID
+	b1, b2 int
+	fp     uint32
+}
+
+func (c *Chain) position(h uint64, sub int) position {
+	n := c.subs[sub].Buckets
+	i := h & (n - 1)
+	fp := uint32(h>>32) & c.fpMask
+	if fp == 0 {
+		fp = 1
+	}
+	local := i & (c.bpp - 1)
+	bb := c.p.BucketSize * c.width
+	return position{
+		id: PageID{SubFilter: uint32(sub), Page: uint32(i / c.bpp)},
+		b1: int(local) * bb,
+		b2: int(c.altLocal(local, fp)) * bb,
+		fp: fp,
+	}
+}
+
+// altLocal is the page-local alternate bucket: an involution in local for a
+// given fp. mix takes the high half of a 64-bit multiplicative hash so that
+// every bit of fp reaches the low bits used as the offset.
+func (c *Chain) altLocal(local uint64, fp uint32) uint64 {
+	mix := (uint64(fp) * 0x9e3779b97f4a7c15) >> 32
+	return (local ^ mix) & (c.bpp - 1)
+}
+
+func (c *Chain) page(id PageID) ([]byte, error) {
+	pg, err := c.pager.Page(id)
+	if err != nil {
+		return nil, fmt.Errorf("filter: reading page %d of sub-filter %d: %w", id.Page, id.SubFilter, err)
+	}
+	if len(pg) != c.p.PageBytes {
+		return nil, fmt.Errorf("%w: page %d of sub-filter %d is %d bytes, want %d", ErrCorrupt, id.Page, id.SubFilter, len(pg), c.p.PageBytes)
+	}
+	return pg, nil
+}
+
+func (c *Chain) get(pg []byte, off int) uint32 {
+	switch c.width {
+	case 1:
+		return uint32(pg[off])
+	case 2:
+		return uint32(binary.LittleEndian.Uint16(pg[off:]))
+	default:
+		return binary.LittleEndian.Uint32(pg[off:])
+	}
+}
+
+func (c *Chain) set(pg []byte, off int, fp uint32) {
+	switch c.width {
+	case 1:
+		pg[off] = byte(fp)
+	case 2:
+		binary.LittleEndian.PutUint16(pg[off:], uint16(fp))
+	default:
+		binary.LittleEndian.PutUint32(pg[off:], fp)
+	}
+}
+
+// count returns how many slots of the bucket at byte offset b hold fp.
+func (c *Chain) count(pg []byte, b int, fp uint32) int {
+	n := 0
+	for k := 0; k < c.p.BucketSize; k++ {
+		if c.get(pg, b+k*c.width) == fp {
+			n++
+		}
+	}
+	return n
+}
+
+// find returns the byte offset of the first slot of bucket b holding fp, or -1.
+func (c *Chain) find(pg []byte, b int, fp uint32) int {
+	for k := 0; k < c.p.BucketSize; k++ {
+		if off := b + k*c.width; c.get(pg, off) == fp {
+			return off
+		}
+	}
+	return -1
+}
+
+// Contains reports whether key may have been inserted: false means it was
+// certainly not (no false negatives), true is wrong with probability about
+// Stats().EstimatedFPR.
+func (c *Chain) Contains(key []byte) (bool, error) {
+	return c.containsHash(xxhash.Sum64(key))
+}
+
+func (c *Chain) containsHash(h uint64) (bool, error) {
+	for s := len(c.subs) - 1; s >= 0; s-- {
+		pos := c.position(h, s)
+		pg, err := c.page(pos.id)
+		if err != nil {
+			return false, err
+		}
+		if c.find(pg, pos.b1, pos.fp) >= 0 || c.find(pg, pos.b2, pos.fp) >= 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Count returns the number of copies of key's fingerprint across the chain
+// (CF.COUNT): at least the number of Adds of key not yet deleted, more when
+// other keys share its fingerprint and buckets.
+func (c *Chain) Count(key []byte) (int, error) {
+	h := xxhash.Sum64(key)
+	n := 0
+	for s := len(c.subs) - 1; s >= 0; s-- {
+		pos := c.position(h, s)
+		pg, err := c.page(pos.id)
+		if err != nil {
+			return 0, err
+		}
+		n += c.count(pg, pos.b1, pos.fp)
+		if pos.b2 != pos.b1 {
+			n += c.count(pg, pos.b2, pos.fp)
+		}
+	}
+	return n, nil
+}
+
+// Insert adds key unless the chain may already contain it (CF.ADDNX): it
+// returns true when key was added and false when it was (probably) present.
+// This is the dedup check-and-insert: false means "duplicate".
+// Returns ErrFull when the chain cannot grow.
+func (c *Chain) Insert(key []byte) (bool, error) {
+	h := xxhash.Sum64(key)
+	found, err := c.containsHash(h)
+	if err != nil || found {
+		return false, err
+	}
+	return true, c.addHash(h)
+}
+
+// Add inserts a copy of key's fingerprint whether or not it is present
+// (CF.ADD), for counting occurrences. A bucket pair holds at most 2b copies
+// of one fingerprint; more copies of one key go to new sub-filters.
+// Returns ErrFull when the chain cannot grow.
+func (c *Chain) Add(key []byte) error {
+	return c.addHash(xxhash.Sum64(key))
+}
+
+func (c *Chain) addHash(h uint64) error {
+	s := len(c.subs) - 1
+	ok, err := c.place(h, s)
+	if err != nil || ok {
+		return err
+	}
+	if len(c.subs) == MaxSubFilters {
+		return fmt.Errorf("%w: %d sub-filters", ErrFull, MaxSubFilters)
+	}
+	c.subs = append(c.subs, SubFilter{
+		Buckets:         c.p.nextBuckets(c.subs[s].Buckets),
+		FingerprintBits: c.p.FingerprintBits,
+	})
+	ok, err = c.place(h, s+1)
+	if err == nil && !ok {
+		// An empty sub-filter has room in the key's primary bucket.
+		err = fmt.Errorf("%w: no room in a new sub-filter", ErrCorrupt)
+	}
+	return err
+}
+
+// place stores h's fingerprint in sub-filter s: in an empty slot of either
+// candidate bucket, else by an eviction walk. A walk that fails after MaxKicks
+// is rolled back and place returns false with the page unchanged.
+func (c *Chain) place(h uint64, s int) (bool, error) {
+	pos := c.position(h, s)
+	pg, err := c.page(pos.id)
+	if err != nil {
+		return false, err
+	}
+	for _, b := range [2]int{pos.b1, pos.b2} {
+		if off := c.find(pg, b, 0); off >= 0 {
+			c.set(pg, off, pos.fp)
+			c.commitPlace(pos.id, pg, s)
+			return true, nil
+		}
+	}
+
+	// Eviction walk (Fan et al. Algorithm 1), victims chosen by a PRNG
+	// seeded from the key's hash so that replays evict identically.
+	rng := splitmix64{state: h}
+	bb := c.p.BucketSize * c.width
+	cur := pos.b1
+	if rng.next()&1 == 1 {
+		cur = pos.b2
+	}
+	fp := pos.fp
+	c.kicks = c.kicks[:0]
+	for range c.p.MaxKicks {
+		off := cur + int(rng.next()%uint64(c.p.BucketSize))*c.width
+		victim := c.get(pg, off)
+		c.set(pg, off, fp)
+		c.kicks = append(c.kicks, kick{slot: off, old: victim})
+		fp = victim
+		cur = int(c.altLocal(uint64(cur/bb), fp)) * bb
+		if off := c.find(pg, cur, 0); off >= 0 {
+			c.set(pg, off, fp)
+			c.commitPlace(pos.id, pg, s)
+			return true, nil
+		}
+	}
+	for i := len(c.kicks) - 1; i >= 0; i-- {
+		c.set(pg, c.kicks[i].slot, c.kicks[i].old)
+	}
+	return false, nil
+}
+
+func (c *Chain) commitPlace(id PageID, pg []byte, s int) {
+	c.pager.MarkDirty(id, pg)
+	c.subs[s].Items++
+}
+
+// Delete removes one copy of key's fingerprint, newest sub-filter first, and
+// reports whether it found one. Deleting a key that was never inserted can
+// remove another key's matching fingerprint (RedisBloom's "false deletion");
+// in dedup that forwards one later duplicate of that other key, it never
+// loses an event.
+func (c *Chain) Delete(key []byte) (bool, error) {
+	h := xxhash.Sum64(key)
+	for s := len(c.subs) - 1; s >= 0; s-- {
+		pos := c.position(h, s)
+		pg, err := c.page(pos.id)
+		if err != nil {
+			return false, err
+		}
+		off := c.find(pg, pos.b1, pos.fp)
+		if off < 0 {
+			off = c.find(pg, pos.b2, pos.fp)
+		}
+		if off >= 0 {
+			c.set(pg, off, 0)
+			c.pager.MarkDirty(pos.id, pg)
+			if c.subs[s].Items > 0 { // a corrupt page can hold more than Items says
+				c.subs[s].Items--
+			}
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// splitmix64 is the PRNG of eviction walks (Steele, Lea, Flood 2014); it is
+// tiny, has no state beyond one word and is fully determined by its seed.
+type splitmix64 struct{ state uint64 }
+
+func (r *splitmix64) next() uint64 {
+	r.state += 0x9e3779b97f4a7c15
+	z := r.state
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}

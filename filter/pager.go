@@ -1,0 +1,26 @@
+package filter
+
+// PageID names one page of a chain: the sub-filter it belongs to (0 is the
+// oldest) and its index inside that sub-filter.
+type PageID struct {
+	SubFilter uint32
+	Page      uint32
+}
+
+// Pager supplies the pages a Chain reads and writes. The chain never keeps a
+// page across operations: it asks for the page, reads or modifies it, and, if
+// it modified it, calls MarkDirty before its next call to Page. A Pager can
+// therefore evict clean pages at any Page call and persist exactly the dirty
+// ones.
+//
+// Pager is declared here because the Chain is its only user; store.Partition
+// is the durable implementation and MemPager the in-memory one.
+type Pager interface {
+	// Page returns the page id, exactly PageBytes long. A page that was never
+	// written reads as all zeros (every slot empty). The chain may modify the
+	// returned slice in place; it then calls MarkDirty.
+	Page(id PageID) ([]byte, error)
+	// MarkDirty records that page (the slice returned by Page for id) was
+	// modified and must be persisted by the next write batch.
+	MarkDirty(id PageID, page []byte)
+}
