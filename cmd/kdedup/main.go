@@ -1,0 +1,80 @@
+// Command kdedup is a Kafka deduplication worker: it consumes INPUT_TOPICS as
+// a consumer group, drops records whose dedup key it has seen before in the
+// same topic-partition, and forwards the rest to OUTPUT_TOPIC.
+//
+//	kdedup [run]    run the worker, configured by KDEDUP_* variables
+//	kdedup demo     run the worker against an in-process broker and check it
+//	kdedup version  print the version
+//
+// Exit codes: 0 success, 1 runtime failure, 2 bad configuration or usage.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// errUsage marks errors that exit with code 2.
+var errUsage = errors.New("usage")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case err == nil:
+	case errors.Is(err, errUsage):
+		fmt.Fprintln(os.Stderr, "kdedup:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "kdedup:", err)
+		os.Exit(1)
+	}
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := "run"
+	if len(args) > 0 {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "run":
+		return runCmd(ctx, args, stderr)
+	case "demo":
+		return demoCmd(ctx, args, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "kdedup", version())
+		return nil
+	case "help", "-h", "--help":
+		usage(stdout)
+		return nil
+	}
+	usage(stderr)
+	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `kdedup: Kafka stream deduplication worker
+
+usage:
+  kdedup [run]     run the worker (configured by KDEDUP_* environment variables)
+  kdedup demo      run the worker against an in-process broker and check its output
+  kdedup version   print the version
+
+Configuration variables: kdedup run -h
+`)
+}
+
+func newLogger(w io.Writer, level slog.Level, format string) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}

@@ -1,0 +1,496 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// Prefix starts the name of every variable kdedup reads.
+const Prefix = "KDEDUP_"
+
+// Config is kdedup's whole runtime configuration, one field per KDEDUP_*
+// variable. Each field's tags give its variable (env, without [Prefix]), its
+// default (envDefault) or that it is required, and its meaning (doc); see
+// [Config.Table]. Sizes of the filter apply per topic-partition: each
+// partition owns its own chain of sub-filters.
+//
+// The zero Config is not valid; obtain one from [Load] or [LoadFrom], or
+// check a hand-built one with [Config.Validate].
+type Config struct {
+	// Kafka.
+	Brokers           []string      `env:"BROKERS,required" doc:"Kafka seed brokers, comma-separated host:port"`
+	InputTopics       []string      `env:"INPUT_TOPICS,required" doc:"Topics to deduplicate, comma-separated, without duplicates and without OUTPUT_TOPIC"`
+	OutputTopic       string        `env:"OUTPUT_TOPIC,required" doc:"Topic that receives the first record seen for each key"`
+	Group             string        `env:"GROUP" envDefault:"kdedup" doc:"Consumer group; the workers of one group share the partitions of INPUT_TOPICS"`
+	StartOffset       string        `env:"START_OFFSET" envDefault:"earliest" doc:"Where a partition with no committed offset in the group begins: earliest or latest"`
+	SessionTimeout    time.Duration `env:"SESSION_TIMEOUT" envDefault:"45s" doc:"Consumer group session timeout, 6s to 30m; a worker silent this long loses its partitions to a rebalance"`
+	Key               string        `env:"KEY" envDefault:"" doc:"What makes two records duplicates: empty or key for the record key, header:NAME for the value of header NAME, json:PATH for a gjson path into the JSON record value"`
+	DeleteHeader      string        `env:"DELETE_HEADER" envDefault:"" doc:"NAME=VALUE: a record carrying header NAME with value VALUE deletes its key from the filter; empty disables deletes"`
+	ForwardTombstones bool          `env:"FORWARD_TOMBSTONES" envDefault:"true" doc:"Forward tombstones (records with a null value) to OUTPUT_TOPIC: true or false"`
+
+	// Cuckoo filter, per topic-partition.
+	FingerprintBits int    `env:"FINGERPRINT_BITS" envDefault:"16" doc:"Bits per fingerprint: 8, 16 or 32; each sub-filter's false-positive rate is at most 2*BUCKET_SIZE/2^FINGERPRINT_BITS (Fan et al., 2014, section 5.1)"`
+	BucketSize      int    `env:"BUCKET_SIZE" envDefault:"4" doc:"Fingerprint slots per bucket: 2, 4 or 8"`
+	Capacity        uint64 `env:"CAPACITY" envDefault:"1000000" doc:"Keys the first sub-filter of each topic-partition holds, 1 to 2^32"`
+	MaxKicks        int    `env:"MAX_KICKS" envDefault:"500" doc:"Evictions an insert tries before a new sub-filter is added to the chain, 1 to 100000"`
+	Expansion       int    `env:"EXPANSION" envDefault:"2" doc:"Capacity of each new sub-filter as a multiple of the previous one, 1 to 64"`
+
+	// Storage.
+	DataDir       string        `env:"DATA_DIR" envDefault:"./data" doc:"Directory holding the filter state of every topic-partition"`
+	PageBytes     ByteSize      `env:"PAGE_BYTES" envDefault:"4KiB" doc:"Size of a filter page on disk and in the cache: a power of two from 512B to 64KiB, and at least one bucket"`
+	CacheBytes    ByteSize      `env:"CACHE_BYTES" envDefault:"256MiB" doc:"Memory for cached filter pages, shared by all partitions; at least 16*PAGE_BYTES"`
+	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s" doc:"Longest time a changed page stays unwritten, 10ms to 1h"`
+	FlushBytes    ByteSize      `env:"FLUSH_BYTES" envDefault:"8MiB" doc:"Changed bytes that start a flush before FLUSH_INTERVAL ends, PAGE_BYTES to 256MiB"`
+
+	// Operations.
+	HTTPAddr  string `env:"HTTP_ADDR" envDefault:":8080" doc:"HTTP listen address for metrics and health probes, host:port; port 0 picks a free port"`
+	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" doc:"Least severe level logged: debug, info, warn or error"`
+	LogFormat string `env:"LOG_FORMAT" envDefault:"json" doc:"Log format: json or text"`
+}
+
+// Limits enforced by Validate; the doc tags on Config state them for users.
+const (
+	maxCapacity        = 1 << 32
+	maxMaxKicks        = 100_000
+	maxExpansion       = 64
+	minPageBytes       = 512
+	maxPageBytes       = 64 * KiB
+	minCachePages      = 16
+	maxFlushBytes      = 256 * MiB
+	minFlushInterval   = 10 * time.Millisecond
+	maxFlushInterval   = time.Hour
+	minSessionTimeout  = 6 * time.Second
+	maxSessionTimeout  = 30 * time.Minute
+	maxTopicNameLength = 249 // Kafka's limit, from org.apache.kafka.common.internals.Topic.
+)
+
+const (
+	requiredReason      = "required"
+	byteSizeParseReason = "must be a byte size such as 4096, 4KiB or 8MiB"
+)
+
+// Load reads the configuration from the process environment, applies
+// defaults, and validates it. Every problem, whether a value that does not
+// parse, a missing required variable or a broken rule, is reported in one
+// *[Error]; the Config is then the zero value.
+func Load() (Config, error) {
+	return LoadFrom(env.ToMap(os.Environ()))
+}
+
+// LoadFrom is [Load] with environ, mapping full variable names
+// ("KDEDUP_BROKERS") to values, in place of the process environment. A nil
+// environ is an empty environment.
+func LoadFrom(environ map[string]string) (Config, error) {
+	if environ == nil {
+		environ = map[string]string{}
+	}
+	fields := describeFields()
+
+	var c Config
+	var problems []Problem
+	unparsed := map[string]bool{}
+	if err := env.ParseWithOptions(&c, env.Options{Prefix: Prefix, Environment: environ}); err != nil {
+		var agg env.AggregateError
+		if !errors.As(err, &agg) {
+			return Config{}, fmt.Errorf("config: parsing environment: %w", err)
+		}
+		for _, e := range agg.Errors {
+			p, ok := parseProblem(e, fields, environ)
+			if !ok {
+				// Only a broken struct tag gets here, never user input.
+				return Config{}, fmt.Errorf("config: parsing environment: %w", e)
+			}
+			problems = append(problems, p)
+			unparsed[p.Var] = true
+		}
+	}
+
+	if err := c.Validate(); err != nil {
+		var verr *Error
+		if !errors.As(err, &verr) {
+			return Config{}, err
+		}
+		for _, p := range verr.Problems {
+			// A variable that did not parse holds its zero value; judging
+			// that value would only repeat the parse problem.
+			if unparsed[p.Var] {
+				continue
+			}
+			if raw := environ[p.Var]; raw != "" {
+				p.Value = raw
+			}
+			problems = append(problems, p)
+		}
+	}
+
+	if len(problems) > 0 {
+		sortProblems(problems, fields)
+		return Config{}, &Error{Problems: problems}
+	}
+	return c, nil
+}
+
+// parseProblem turns one error from env into a Problem, reporting false for
+// errors that do not come from the environment's contents.
+func parseProblem(err error, fields []field, environ map[string]string) (Problem, bool) {
+	switch e := err.(type) {
+	case env.VarIsNotSetError:
+		return Problem{Var: e.Key, Reason: requiredReason}, true
+	case env.ParseError:
+		for _, f := range fields {
+			if f.name == e.Name {
+				return Problem{Var: f.envVar, Value: environ[f.envVar], Reason: parseReason(e.Type, e.Err)}, true
+			}
+		}
+	}
+	return Problem{}, false
+}
+
+func parseReason(t reflect.Type, err error) string {
+	switch {
+	case t == reflect.TypeFor[ByteSize]():
+		return byteSizeParseReason
+	case t == reflect.TypeFor[time.Duration]():
+		return "must be a duration such as 500ms, 1s or 5m"
+	}
+	switch t.Kind() {
+	case reflect.Bool:
+		return "must be true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		if errors.Is(err, strconv.ErrRange) {
+			return "out of range"
+		}
+		return "must be an integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		if errors.Is(err, strconv.ErrRange) {
+			return "out of range"
+		}
+		return "must be a non-negative integer"
+	}
+	return err.Error()
+}
+
+// Validate checks every rule of every variable, including those that relate
+// two variables, and returns an *[Error] listing all problems, or nil. A rule
+// that relates a variable to another is skipped while the other is itself
+// invalid, so each mistake is reported once. Values in the problems are
+// formatted from c.
+func (c Config) Validate() error {
+	fields := describeFields()
+	v := validator{vars: map[string]string{}}
+	for _, f := range fields {
+		v.vars[f.name] = f.envVar
+	}
+
+	// Kafka.
+	if len(c.Brokers) == 0 {
+		v.add("Brokers", "", requiredReason)
+	}
+	for _, b := range c.Brokers {
+		if reason := brokerProblem(b); reason != "" {
+			v.add("Brokers", c.Brokers, reason)
+		}
+	}
+	if c.OutputTopic == "" {
+		v.add("OutputTopic", "", requiredReason)
+	} else if reason := topicProblem(c.OutputTopic); reason != "" {
+		v.add("OutputTopic", c.OutputTopic, reason)
+	}
+	if len(c.InputTopics) == 0 {
+		v.add("InputTopics", "", requiredReason)
+	}
+	seen := map[string]bool{}
+	for _, t := range c.InputTopics {
+		switch {
+		case topicProblem(t) != "":
+			v.add("InputTopics", c.InputTopics, topicProblem(t))
+		case seen[t]:
+			v.add("InputTopics", c.InputTopics, fmt.Sprintf("topic %q is listed more than once", t))
+		case t == c.OutputTopic:
+			v.add("InputTopics", c.InputTopics, fmt.Sprintf("topic %q is also OUTPUT_TOPIC; kdedup would read its own output", t))
+		}
+		seen[t] = true
+	}
+	if c.Group == "" {
+		v.add("Group", c.Group, "must not be empty")
+	}
+	if c.StartOffset != "earliest" && c.StartOffset != "latest" {
+		v.add("StartOffset", c.StartOffset, "must be earliest or latest")
+	}
+	if c.SessionTimeout < minSessionTimeout || c.SessionTimeout > maxSessionTimeout {
+		v.add("SessionTimeout", c.SessionTimeout, fmt.Sprintf("must be from %s to %s", formatDuration(minSessionTimeout), formatDuration(maxSessionTimeout)))
+	}
+	if kind, _ := c.KeySource(); kind == KeyInvalid {
+		v.add("Key", c.Key, `must be empty, "key", "header:NAME" or "json:PATH", with NAME and PATH not empty`)
+	}
+	if _, _, ok := c.DeleteHeaderNameValue(); !ok && c.DeleteHeader != "" {
+		v.add("DeleteHeader", c.DeleteHeader, "must be empty or NAME=VALUE, with NAME not empty")
+	}
+
+	// Cuckoo filter.
+	bitsOK := c.FingerprintBits == 8 || c.FingerprintBits == 16 || c.FingerprintBits == 32
+	if !bitsOK {
+		v.add("FingerprintBits", c.FingerprintBits, "must be 8, 16 or 32")
+	}
+	bucketOK := c.BucketSize == 2 || c.BucketSize == 4 || c.BucketSize == 8
+	if !bucketOK {
+		v.add("BucketSize", c.BucketSize, "must be 2, 4 or 8")
+	}
+	if c.Capacity < 1 || c.Capacity > maxCapacity {
+		v.add("Capacity", c.Capacity, fmt.Sprintf("must be from 1 to %d keys", uint64(maxCapacity)))
+	}
+	if c.MaxKicks < 1 || c.MaxKicks > maxMaxKicks {
+		v.add("MaxKicks", c.MaxKicks, fmt.Sprintf("must be from 1 to %d", maxMaxKicks))
+	}
+	if c.Expansion < 1 || c.Expansion > maxExpansion {
+		v.add("Expansion", c.Expansion, fmt.Sprintf("must be from 1 to %d", maxExpansion))
+	}
+
+	// Storage.
+	if c.DataDir == "" {
+		v.add("DataDir", c.DataDir, "must not be empty")
+	}
+	pageOK := c.PageBytes >= minPageBytes && c.PageBytes <= maxPageBytes && c.PageBytes&(c.PageBytes-1) == 0
+	if !pageOK {
+		v.add("PageBytes", c.PageBytes, fmt.Sprintf("must be a power of two from %v to %v (KB and MB are powers of 1000; use KiB or MiB)", ByteSize(minPageBytes), maxPageBytes))
+	} else if bitsOK && bucketOK {
+		if bucket := ByteSize(c.BucketSize * c.FingerprintBits / 8); c.PageBytes < bucket {
+			pageOK = false
+			v.add("PageBytes", c.PageBytes, fmt.Sprintf("must hold at least one bucket of %v (BUCKET_SIZE*FINGERPRINT_BITS/8)", bucket))
+		}
+	}
+	if pageOK && c.CacheBytes < minCachePages*c.PageBytes {
+		v.add("CacheBytes", c.CacheBytes, fmt.Sprintf("must be at least %d pages of PAGE_BYTES, %v", minCachePages, minCachePages*c.PageBytes))
+	}
+	if c.FlushInterval < minFlushInterval || c.FlushInterval > maxFlushInterval {
+		v.add("FlushInterval", c.FlushInterval, fmt.Sprintf("must be from %s to %s", formatDuration(minFlushInterval), formatDuration(maxFlushInterval)))
+	}
+	if pageOK && c.FlushBytes < c.PageBytes {
+		v.add("FlushBytes", c.FlushBytes, fmt.Sprintf("must be at least PAGE_BYTES, %v", c.PageBytes))
+	}
+	if c.FlushBytes > maxFlushBytes {
+		v.add("FlushBytes", c.FlushBytes, fmt.Sprintf("must be at most %v", ByteSize(maxFlushBytes)))
+	}
+
+	// Operations.
+	if reason := httpAddrProblem(c.HTTPAddr); reason != "" {
+		v.add("HTTPAddr", c.HTTPAddr, reason)
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		v.add("LogLevel", c.LogLevel, "must be debug, info, warn or error")
+	}
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		v.add("LogFormat", c.LogFormat, "must be json or text")
+	}
+
+	if len(v.problems) == 0 {
+		return nil
+	}
+	sortProblems(v.problems, fields)
+	return &Error{Problems: v.problems}
+}
+
+type validator struct {
+	vars     map[string]string // Config field name to variable name
+	problems []Problem
+}
+
+func (v *validator) add(fieldName string, value any, reason string) {
+	var s string
+	switch x := value.(type) {
+	case []string:
+		s = strings.Join(x, ",")
+	default:
+		s = fmt.Sprint(x)
+	}
+	v.problems = append(v.problems, Problem{Var: v.vars[fieldName], Value: s, Reason: reason})
+}
+
+func brokerProblem(b string) string {
+	host, port, err := net.SplitHostPort(b)
+	switch {
+	case b == "":
+		return "empty broker in list"
+	case err != nil:
+		return fmt.Sprintf("broker %q must be host:port", b)
+	case host == "":
+		return fmt.Sprintf("broker %q has no host", b)
+	case strings.ContainsFunc(host, isSpace):
+		return fmt.Sprintf("broker %q contains whitespace", b)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Sprintf("broker %q must have a port from 1 to 65535", b)
+	}
+	return ""
+}
+
+// topicProblem applies Kafka's rules for topic names
+// (org.apache.kafka.common.internals.Topic.validate).
+func topicProblem(t string) string {
+	switch {
+	case t == "":
+		return "empty topic in list"
+	case t == "." || t == "..":
+		return fmt.Sprintf("topic %q is not a legal name", t)
+	case len(t) > maxTopicNameLength:
+		return fmt.Sprintf("topic %q is longer than %d characters", t, maxTopicNameLength)
+	}
+	for _, r := range t {
+		legal := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
+		if !legal {
+			return fmt.Sprintf("topic %q may contain only ASCII letters, digits, '.', '_' and '-'", t)
+		}
+	}
+	return ""
+}
+
+func httpAddrProblem(addr string) string {
+	if addr == "" {
+		return "must not be empty"
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil {
+		return "must be host:port, e.g. :8080 or 127.0.0.1:0"
+	} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return "must have a port from 0 to 65535"
+	}
+	return ""
+}
+
+// formatDuration is d.String() without trailing zero units: "30m", not
+// "30m0s".
+func formatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+func isSpace(r rune) bool { return r == ' ' || r == '\t' || r == '\n' || r == '\r' }
+
+// KeyKind says where a record's deduplication key comes from; see KEY.
+type KeyKind int
+
+const (
+	// KeyInvalid is reported for a KEY that Validate rejects.
+	KeyInvalid KeyKind = iota
+	// KeyRecord uses the record key. A record with a null key has an empty
+	// key.
+	KeyRecord
+	// KeyHeader uses the value of the header named by the argument.
+	KeyHeader
+	// KeyJSON uses the result of the gjson path in the argument, applied to
+	// the record value.
+	KeyJSON
+)
+
+// KeySource splits KEY into its kind and argument: the header name for
+// KeyHeader, the gjson path for KeyJSON, and "" otherwise. An empty KEY and
+// "key" are KeyRecord.
+func (c Config) KeySource() (kind KeyKind, arg string) {
+	switch {
+	case c.Key == "" || c.Key == "key":
+		return KeyRecord, ""
+	case strings.HasPrefix(c.Key, "header:") && len(c.Key) > len("header:"):
+		return KeyHeader, strings.TrimPrefix(c.Key, "header:")
+	case strings.HasPrefix(c.Key, "json:") && len(c.Key) > len("json:"):
+		return KeyJSON, strings.TrimPrefix(c.Key, "json:")
+	}
+	return KeyInvalid, ""
+}
+
+// DeleteHeaderNameValue splits DELETE_HEADER at its first '='. ok is false
+// when deletes are disabled (DELETE_HEADER is empty) or the value is
+// invalid. The value may be empty: "NAME=" matches a header NAME whose value
+// is empty.
+func (c Config) DeleteHeaderNameValue() (name, value string, ok bool) {
+	name, value, found := strings.Cut(c.DeleteHeader, "=")
+	if !found || name == "" {
+		return "", "", false
+	}
+	return name, value, true
+}
+
+// SlogLevel is LOG_LEVEL as a slog.Level, matched case-insensitively;
+// slog.LevelInfo for a value Validate rejects.
+func (c Config) SlogLevel() slog.Level {
+	switch strings.ToLower(c.LogLevel) {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+// Table describes every variable as rows of (variable, default, meaning), in
+// the order of the fields of Config, for --help and the docs. A required
+// variable's default reads "(required)"; an empty default is "". It is
+// derived from the struct tags and does not depend on c.
+func (c Config) Table() [][3]string {
+	fields := describeFields()
+	rows := make([][3]string, 0, len(fields))
+	for _, f := range fields {
+		def := f.def
+		if f.required {
+			def = "(required)"
+		}
+		rows = append(rows, [3]string{f.envVar, def, f.doc})
+	}
+	return rows
+}
+
+// field is what the struct tags say about one field of Config.
+type field struct {
+	name     string // Go field name
+	envVar   string // full variable name, with Prefix
+	def      string
+	required bool
+	doc      string
+}
+
+func describeFields() []field {
+	t := reflect.TypeFor[Config]()
+	fields := make([]field, 0, t.NumField())
+	for sf := range t.Fields() {
+		key, opts, _ := strings.Cut(sf.Tag.Get("env"), ",")
+		if key == "" || key == "-" {
+			continue
+		}
+		fields = append(fields, field{
+			name:     sf.Name,
+			envVar:   Prefix + key,
+			def:      sf.Tag.Get("envDefault"),
+			required: slices.Contains(strings.Split(opts, ","), "required"),
+			doc:      sf.Tag.Get("doc"),
+		})
+	}
+	return fields
+}
+
+func sortProblems(problems []Problem, fields []field) {
+	order := make(map[string]int, len(fields))
+	for i, f := range fields {
+		order[f.envVar] = i
+	}
+	slices.SortStableFunc(problems, func(a, b Problem) int {
+		return order[a.Var] - order[b.Var]
+	})
+}

@@ -1,0 +1,534 @@
+package config
+
+import (
+	"errors"
+	"log/slog"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// required is the smallest valid environment.
+func required() map[string]string {
+	return map[string]string{
+		"KDEDUP_BROKERS":      "kafka-1:9092,kafka-2:9092",
+		"KDEDUP_INPUT_TOPICS": "orders,payments",
+		"KDEDUP_OUTPUT_TOPIC": "deduped",
+	}
+}
+
+// with returns required() with kv applied; an empty value deletes the
+// variable.
+func with(kv ...string) map[string]string {
+	environ := required()
+	for i := 0; i < len(kv); i += 2 {
+		if kv[i+1] == "" {
+			delete(environ, kv[i])
+			continue
+		}
+		environ[kv[i]] = kv[i+1]
+	}
+	return environ
+}
+
+func problemsOf(t *testing.T, err error) []Problem {
+	t.Helper()
+	var cerr *Error
+	if !errors.As(err, &cerr) {
+		t.Fatalf("error %v (%T) is not *Error", err, err)
+	}
+	if len(cerr.Problems) == 0 {
+		t.Fatal("*Error with no problems")
+	}
+	return cerr.Problems
+}
+
+func TestLoadDefaults(t *testing.T) {
+	c, err := LoadFrom(required())
+	if err != nil {
+		t.Fatalf("LoadFrom: %v", err)
+	}
+	want := Config{
+		Brokers:           []string{"kafka-1:9092", "kafka-2:9092"},
+		InputTopics:       []string{"orders", "payments"},
+		OutputTopic:       "deduped",
+		Group:             "kdedup",
+		StartOffset:       "earliest",
+		SessionTimeout:    45 * time.Second,
+		Key:               "",
+		DeleteHeader:      "",
+		ForwardTombstones: true,
+		FingerprintBits:   16,
+		BucketSize:        4,
+		Capacity:          1_000_000,
+		MaxKicks:          500,
+		Expansion:         2,
+		DataDir:           "./data",
+		PageBytes:         4096,
+		CacheBytes:        256 << 20,
+		FlushInterval:     time.Second,
+		FlushBytes:        8 << 20,
+		HTTPAddr:          ":8080",
+		LogLevel:          "info",
+		LogFormat:         "json",
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
+	}
+	if err := want.Validate(); err != nil {
+		t.Errorf("Validate(defaults) = %v", err)
+	}
+	if kind, arg := c.KeySource(); kind != KeyRecord || arg != "" {
+		t.Errorf("KeySource() = %v, %q; want KeyRecord, \"\"", kind, arg)
+	}
+	if _, _, ok := c.DeleteHeaderNameValue(); ok {
+		t.Error("DeleteHeaderNameValue() ok with deletes disabled")
+	}
+	if got := c.SlogLevel(); got != slog.LevelInfo {
+		t.Errorf("SlogLevel() = %v, want INFO", got)
+	}
+}
+
+// An empty variable takes its default, as an unset one does.
+func TestLoadEmptyMeansDefault(t *testing.T) {
+	environ := required()
+	environ["KDEDUP_GROUP"] = ""
+	environ["KDEDUP_PAGE_BYTES"] = ""
+	c, err := LoadFrom(environ)
+	if err != nil {
+		t.Fatalf("LoadFrom: %v", err)
+	}
+	if c.Group != "kdedup" || c.PageBytes != 4*KiB {
+		t.Errorf("Group, PageBytes = %q, %v; want kdedup, 4KiB", c.Group, c.PageBytes)
+	}
+}
+
+func TestLoadValid(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		kv    []string
+		check func(Config) bool
+	}{
+		{"broker IPv6", []string{"KDEDUP_BROKERS", "[::1]:9092"}, func(c Config) bool { return c.Brokers[0] == "[::1]:9092" }},
+		{"start latest", []string{"KDEDUP_START_OFFSET", "latest"}, func(c Config) bool { return c.StartOffset == "latest" }},
+		{"key literal", []string{"KDEDUP_KEY", "key"}, func(c Config) bool { k, _ := c.KeySource(); return k == KeyRecord }},
+		{"key header", []string{"KDEDUP_KEY", "header:id"}, func(c Config) bool { k, a := c.KeySource(); return k == KeyHeader && a == "id" }},
+		{"key json", []string{"KDEDUP_KEY", "json:order.id"}, func(c Config) bool { k, a := c.KeySource(); return k == KeyJSON && a == "order.id" }},
+		{"fingerprint 8", []string{"KDEDUP_FINGERPRINT_BITS", "8"}, func(c Config) bool { return c.FingerprintBits == 8 }},
+		{"fingerprint 32", []string{"KDEDUP_FINGERPRINT_BITS", "32"}, func(c Config) bool { return c.FingerprintBits == 32 }},
+		{"bucket 8", []string{"KDEDUP_BUCKET_SIZE", "8"}, func(c Config) bool { return c.BucketSize == 8 }},
+		{"capacity max", []string{"KDEDUP_CAPACITY", "4294967296"}, func(c Config) bool { return c.Capacity == 1<<32 }},
+		{"page min", []string{"KDEDUP_PAGE_BYTES", "512"}, func(c Config) bool { return c.PageBytes == 512 }},
+		{"page max", []string{"KDEDUP_PAGE_BYTES", "64KiB"}, func(c Config) bool { return c.PageBytes == 64*KiB }},
+		{"cache exactly 16 pages", []string{"KDEDUP_PAGE_BYTES", "64KiB", "KDEDUP_CACHE_BYTES", "1MiB"}, func(c Config) bool { return c.CacheBytes == MiB }},
+		{"flush bytes max", []string{"KDEDUP_FLUSH_BYTES", "256 MiB"}, func(c Config) bool { return c.FlushBytes == 256*MiB }},
+		{"flush interval min", []string{"KDEDUP_FLUSH_INTERVAL", "10ms"}, func(c Config) bool { return c.FlushInterval == 10*time.Millisecond }},
+		{"delete header", []string{"KDEDUP_DELETE_HEADER", "op=delete"}, func(c Config) bool {
+			n, v, ok := c.DeleteHeaderNameValue()
+			return ok && n == "op" && v == "delete"
+		}},
+		{"delete header empty value", []string{"KDEDUP_DELETE_HEADER", "deleted="}, func(c Config) bool {
+			n, v, ok := c.DeleteHeaderNameValue()
+			return ok && n == "deleted" && v == ""
+		}},
+		{"delete header value with =", []string{"KDEDUP_DELETE_HEADER", "op=a=b"}, func(c Config) bool {
+			n, v, ok := c.DeleteHeaderNameValue()
+			return ok && n == "op" && v == "a=b"
+		}},
+		{"tombstones off", []string{"KDEDUP_FORWARD_TOMBSTONES", "false"}, func(c Config) bool { return !c.ForwardTombstones }},
+		{"session max", []string{"KDEDUP_SESSION_TIMEOUT", "30m"}, func(c Config) bool { return c.SessionTimeout == 30*time.Minute }},
+		{"http port 0", []string{"KDEDUP_HTTP_ADDR", "127.0.0.1:0"}, func(c Config) bool { return c.HTTPAddr == "127.0.0.1:0" }},
+		{"log level upper", []string{"KDEDUP_LOG_LEVEL", "DEBUG"}, func(c Config) bool { return c.SlogLevel() == slog.LevelDebug }},
+		{"log level warn", []string{"KDEDUP_LOG_LEVEL", "warn"}, func(c Config) bool { return c.SlogLevel() == slog.LevelWarn }},
+		{"log level error", []string{"KDEDUP_LOG_LEVEL", "Error"}, func(c Config) bool { return c.SlogLevel() == slog.LevelError }},
+		{"log text", []string{"KDEDUP_LOG_FORMAT", "text"}, func(c Config) bool { return c.LogFormat == "text" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := LoadFrom(with(tc.kv...))
+			if err != nil {
+				t.Fatalf("LoadFrom: %v", err)
+			}
+			if !tc.check(c) {
+				t.Errorf("unexpected config %+v", c)
+			}
+		})
+	}
+}
+
+// Each bad value yields problems that name exactly its variable.
+func TestLoadRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		env   string
+		value string // "" unsets
+	}{
+		{"brokers unset", "KDEDUP_BROKERS", ""},
+		{"brokers empty entry", "KDEDUP_BROKERS", "a:9092,,b:9092"},
+		{"brokers no port", "KDEDUP_BROKERS", "kafka"},
+		{"brokers no host", "KDEDUP_BROKERS", ":9092"},
+		{"brokers port 0", "KDEDUP_BROKERS", "kafka:0"},
+		{"brokers port range", "KDEDUP_BROKERS", "kafka:70000"},
+		{"brokers space", "KDEDUP_BROKERS", "a:9092, b:9092"},
+		{"input unset", "KDEDUP_INPUT_TOPICS", ""},
+		{"input empty entry", "KDEDUP_INPUT_TOPICS", "a,,b"},
+		{"input duplicate", "KDEDUP_INPUT_TOPICS", "a,b,a"},
+		{"input contains output", "KDEDUP_INPUT_TOPICS", "a,deduped"},
+		{"input illegal name", "KDEDUP_INPUT_TOPICS", "a b"},
+		{"input dot", "KDEDUP_INPUT_TOPICS", ".."},
+		{"input too long", "KDEDUP_INPUT_TOPICS", strings.Repeat("t", 250)},
+		{"output unset", "KDEDUP_OUTPUT_TOPIC", ""},
+		{"output illegal", "KDEDUP_OUTPUT_TOPIC", "out/put"},
+		{"start offset", "KDEDUP_START_OFFSET", "newest"},
+		{"session parse", "KDEDUP_SESSION_TIMEOUT", "45"},
+		{"session low", "KDEDUP_SESSION_TIMEOUT", "5s"},
+		{"session high", "KDEDUP_SESSION_TIMEOUT", "31m"},
+		{"key unknown", "KDEDUP_KEY", "value"},
+		{"key header empty", "KDEDUP_KEY", "header:"},
+		{"key json empty", "KDEDUP_KEY", "json:"},
+		{"delete header no =", "KDEDUP_DELETE_HEADER", "op"},
+		{"delete header empty name", "KDEDUP_DELETE_HEADER", "=delete"},
+		{"tombstones parse", "KDEDUP_FORWARD_TOMBSTONES", "maybe"},
+		{"fingerprint parse", "KDEDUP_FINGERPRINT_BITS", "abc"},
+		{"fingerprint 12", "KDEDUP_FINGERPRINT_BITS", "12"},
+		{"fingerprint 64", "KDEDUP_FINGERPRINT_BITS", "64"},
+		{"bucket 3", "KDEDUP_BUCKET_SIZE", "3"},
+		{"bucket 16", "KDEDUP_BUCKET_SIZE", "16"},
+		{"capacity 0", "KDEDUP_CAPACITY", "0"},
+		{"capacity high", "KDEDUP_CAPACITY", "4294967297"},
+		{"capacity negative", "KDEDUP_CAPACITY", "-1"},
+		{"capacity overflow", "KDEDUP_CAPACITY", "18446744073709551616"},
+		{"kicks 0", "KDEDUP_MAX_KICKS", "0"},
+		{"kicks high", "KDEDUP_MAX_KICKS", "100001"},
+		{"expansion 0", "KDEDUP_EXPANSION", "0"},
+		{"expansion high", "KDEDUP_EXPANSION", "65"},
+		{"page not power of two", "KDEDUP_PAGE_BYTES", "3000"},
+		{"page SI unit", "KDEDUP_PAGE_BYTES", "4KB"},
+		{"page low", "KDEDUP_PAGE_BYTES", "256"},
+		{"page high", "KDEDUP_PAGE_BYTES", "128KiB"},
+		{"page parse", "KDEDUP_PAGE_BYTES", "4 pages"},
+		{"cache below 16 pages", "KDEDUP_CACHE_BYTES", "63KiB"},
+		{"flush interval low", "KDEDUP_FLUSH_INTERVAL", "9ms"},
+		{"flush interval high", "KDEDUP_FLUSH_INTERVAL", "61m"},
+		{"flush bytes below page", "KDEDUP_FLUSH_BYTES", "2KiB"},
+		{"flush bytes high", "KDEDUP_FLUSH_BYTES", "257MiB"},
+		{"http no port", "KDEDUP_HTTP_ADDR", "localhost"},
+		{"http bad port", "KDEDUP_HTTP_ADDR", ":http"},
+		{"http port range", "KDEDUP_HTTP_ADDR", ":65536"},
+		{"log level", "KDEDUP_LOG_LEVEL", "trace"},
+		{"log format", "KDEDUP_LOG_FORMAT", "logfmt"},
+		{"log format case", "KDEDUP_LOG_FORMAT", "JSON"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := LoadFrom(with(tc.env, tc.value))
+			if err == nil {
+				t.Fatalf("LoadFrom accepted %s=%q: %+v", tc.env, tc.value, c)
+			}
+			if !reflect.DeepEqual(c, Config{}) {
+				t.Errorf("LoadFrom returned a non-zero Config with an error: %+v", c)
+			}
+			for _, p := range problemsOf(t, err) {
+				if p.Var != tc.env {
+					t.Errorf("problem names %s, want %s: %v", p.Var, tc.env, p)
+				}
+				if p.Value != tc.value {
+					t.Errorf("problem value %q, want %q as written: %v", p.Value, tc.value, p)
+				}
+				if p.Reason == "" {
+					t.Errorf("problem without a reason: %v", p)
+				}
+			}
+		})
+	}
+}
+
+// Validate on a hand-built Config reports the same rules, with values
+// formatted from the Config, and catches what the environment cannot
+// express (an empty GROUP or DATA_DIR).
+func TestValidate(t *testing.T) {
+	valid, err := LoadFrom(required())
+	if err != nil {
+		t.Fatalf("LoadFrom: %v", err)
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Config)
+		env    string
+		value  string
+	}{
+		{"group empty", func(c *Config) { c.Group = "" }, "KDEDUP_GROUP", ""},
+		{"data dir empty", func(c *Config) { c.DataDir = "" }, "KDEDUP_DATA_DIR", ""},
+		{"http empty", func(c *Config) { c.HTTPAddr = "" }, "KDEDUP_HTTP_ADDR", ""},
+		{"brokers nil", func(c *Config) { c.Brokers = nil }, "KDEDUP_BROKERS", ""},
+		{"page bytes", func(c *Config) { c.PageBytes = 3000 }, "KDEDUP_PAGE_BYTES", "3000B"},
+		{"cache bytes", func(c *Config) { c.CacheBytes = 32 * KiB }, "KDEDUP_CACHE_BYTES", "32KiB"},
+		{"flush interval", func(c *Config) { c.FlushInterval = 2 * time.Hour }, "KDEDUP_FLUSH_INTERVAL", "2h0m0s"},
+		{"session timeout", func(c *Config) { c.SessionTimeout = time.Second }, "KDEDUP_SESSION_TIMEOUT", "1s"},
+		{"input topics", func(c *Config) { c.InputTopics = []string{"a", "a"} }, "KDEDUP_INPUT_TOPICS", "a,a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := valid
+			c.Brokers = slices.Clone(valid.Brokers)
+			c.InputTopics = slices.Clone(valid.InputTopics)
+			tc.mutate(&c)
+			ps := problemsOf(t, c.Validate())
+			if len(ps) != 1 || ps[0].Var != tc.env || ps[0].Value != tc.value {
+				t.Errorf("problems %v, want one for %s=%q", ps, tc.env, tc.value)
+			}
+		})
+	}
+	if err := (Config{}).Validate(); err == nil {
+		t.Error("zero Config is valid")
+	}
+}
+
+// Parse errors, missing required variables and broken rules are all
+// reported together, in field order, each once.
+func TestLoadReportsEveryProblem(t *testing.T) {
+	environ := required()
+	delete(environ, "KDEDUP_BROKERS")
+	maps.Copy(environ, map[string]string{
+		"KDEDUP_FINGERPRINT_BITS": "abc",
+		"KDEDUP_BUCKET_SIZE":      "3",
+		"KDEDUP_FLUSH_INTERVAL":   "soon",
+		"KDEDUP_PAGE_BYTES":       "12XB",
+		"KDEDUP_LOG_FORMAT":       "xml",
+		"KDEDUP_INPUT_TOPICS":     "a,deduped",
+	})
+	_, err := LoadFrom(environ)
+	var got []string
+	for _, p := range problemsOf(t, err) {
+		got = append(got, p.Var+"="+p.Value)
+	}
+	want := []string{
+		"KDEDUP_BROKERS=",
+		"KDEDUP_INPUT_TOPICS=a,deduped",
+		"KDEDUP_FINGERPRINT_BITS=abc",
+		"KDEDUP_BUCKET_SIZE=3",
+		"KDEDUP_PAGE_BYTES=12XB",
+		"KDEDUP_FLUSH_INTERVAL=soon",
+		"KDEDUP_LOG_FORMAT=xml",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems:\n got %q\nwant %q", got, want)
+	}
+
+	msg := err.Error()
+	for _, line := range []string{
+		`KDEDUP_BROKERS="": required`,
+		"KDEDUP_FINGERPRINT_BITS=abc: must be an integer",
+		"KDEDUP_BUCKET_SIZE=3: must be 2, 4 or 8",
+		"KDEDUP_PAGE_BYTES=12XB: " + byteSizeParseReason,
+	} {
+		if !slices.Contains(strings.Split(msg, "\n"), line) {
+			t.Errorf("error message lacks line %q:\n%s", line, msg)
+		}
+	}
+	if n := strings.Count(msg, "\n") + 1; n != len(want) {
+		t.Errorf("error message has %d lines, want %d:\n%s", n, len(want), msg)
+	}
+}
+
+// A rule relating two variables is not applied while the other is invalid,
+// so one mistake yields one problem.
+func TestLoadNoKnockOnProblems(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kv   []string
+		want string
+	}{
+		// 1GiB pages would make the default cache and flush sizes too small.
+		{"page too big", []string{"KDEDUP_PAGE_BYTES", "1GiB"}, "KDEDUP_PAGE_BYTES"},
+		{"page unparsable", []string{"KDEDUP_PAGE_BYTES", "big"}, "KDEDUP_PAGE_BYTES"},
+		{"output illegal", []string{"KDEDUP_OUTPUT_TOPIC", "a b", "KDEDUP_INPUT_TOPICS", "a b"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadFrom(with(tc.kv...))
+			ps := problemsOf(t, err)
+			if tc.want != "" && (len(ps) != 1 || ps[0].Var != tc.want) {
+				t.Errorf("problems %v, want one for %s", ps, tc.want)
+			}
+			for _, p := range ps {
+				if strings.Contains(p.Reason, "also OUTPUT_TOPIC") {
+					t.Errorf("unexpected cross-variable problem %v", p)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadFromNilIsEmpty(t *testing.T) {
+	t.Setenv("KDEDUP_BROKERS", "kafka:9092")
+	t.Setenv("KDEDUP_INPUT_TOPICS", "in")
+	t.Setenv("KDEDUP_OUTPUT_TOPIC", "out")
+	if _, err := LoadFrom(nil); err == nil {
+		t.Error("LoadFrom(nil) read the process environment")
+	}
+	c, err := Load()
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if c.OutputTopic != "out" {
+		t.Errorf("Load().OutputTopic = %q, want out", c.OutputTopic)
+	}
+}
+
+func TestByteSizeUnmarshalText(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    ByteSize
+		wantErr bool
+	}{
+		{in: "0", want: 0},
+		{in: "4096", want: 4096},
+		{in: "8388608", want: 8 * MiB},
+		{in: "4KiB", want: 4 * KiB},
+		{in: "4kib", want: 4 * KiB},
+		{in: "4Ki", want: 4 * KiB},
+		{in: "8MiB", want: 8 * MiB},
+		{in: "256 MiB", want: 256 * MiB},
+		{in: "1GiB", want: GiB},
+		{in: "1 GB", want: 1_000_000_000},
+		{in: "4KB", want: 4000},
+		{in: "1.5KiB", want: 1536},
+		{in: "1,024", want: 1024},
+		{in: "12XB", wantErr: true},
+		{in: "", wantErr: true},
+		{in: "-1", wantErr: true},
+		{in: "MiB", wantErr: true},
+		{in: "9EiB", wantErr: true},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			var b ByteSize
+			err := b.UnmarshalText([]byte(tc.in))
+			if tc.wantErr {
+				if err == nil {
+					t.Errorf("UnmarshalText(%q) = %v, want an error", tc.in, b)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("UnmarshalText(%q): %v", tc.in, err)
+			}
+			if b != tc.want {
+				t.Errorf("UnmarshalText(%q) = %d, want %d", tc.in, b, tc.want)
+			}
+		})
+	}
+}
+
+func TestByteSizeString(t *testing.T) {
+	for _, tc := range []struct {
+		in   ByteSize
+		want string
+	}{
+		{0, "0B"},
+		{512, "512B"},
+		{4 * KiB, "4KiB"},
+		{1536, "1536B"},
+		{3 * MiB / 2, "1536KiB"},
+		{256 * MiB, "256MiB"},
+		{GiB, "1GiB"},
+		{1_000_000_000, "1000000000B"},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			if got := tc.in.String(); got != tc.want {
+				t.Errorf("String() = %q, want %q", got, tc.want)
+			}
+			var back ByteSize
+			if err := back.UnmarshalText([]byte(tc.in.String())); err != nil || back != tc.in {
+				t.Errorf("round trip of %d: %v, %v", tc.in, back, err)
+			}
+		})
+	}
+}
+
+func TestTable(t *testing.T) {
+	rows := Config{}.Table()
+	if n := reflect.TypeFor[Config]().NumField(); len(rows) != n {
+		t.Fatalf("Table has %d rows, Config has %d fields", len(rows), n)
+	}
+	seen := map[string]bool{}
+	for _, r := range rows {
+		if !strings.HasPrefix(r[0], Prefix) || seen[r[0]] {
+			t.Errorf("bad or repeated variable %q", r[0])
+		}
+		seen[r[0]] = true
+		if r[2] == "" {
+			t.Errorf("%s has no doc", r[0])
+		}
+	}
+	for _, want := range [][2]string{
+		{"KDEDUP_BROKERS", "(required)"},
+		{"KDEDUP_BUCKET_SIZE", "4"},
+		{"KDEDUP_PAGE_BYTES", "4KiB"},
+		{"KDEDUP_KEY", ""},
+	} {
+		i := slices.IndexFunc(rows, func(r [3]string) bool { return r[0] == want[0] })
+		if i < 0 {
+			t.Errorf("no row for %s", want[0])
+		} else if rows[i][1] != want[1] {
+			t.Errorf("row for %s: %q, want default %q", want[0], rows[i], want[1])
+		}
+	}
+	// Setting every variable the table names to its listed default must
+	// change nothing: the table names the variables env reads.
+	defaults, err := LoadFrom(required())
+	if err != nil {
+		t.Fatalf("LoadFrom: %v", err)
+	}
+	environ := required()
+	for _, r := range rows {
+		if r[1] != "(required)" && r[1] != "" {
+			environ[r[0]] = r[1]
+		}
+	}
+	explicit, err := LoadFrom(environ)
+	if err != nil {
+		t.Fatalf("LoadFrom(table defaults): %v", err)
+	}
+	if !reflect.DeepEqual(explicit, defaults) {
+		t.Errorf("table defaults give %+v, want %+v", explicit, defaults)
+	}
+}
+
+func TestFormatDuration(t *testing.T) {
+	for _, tc := range []struct {
+		in   time.Duration
+		want string
+	}{
+		{10 * time.Millisecond, "10ms"},
+		{6 * time.Second, "6s"},
+		{10 * time.Second, "10s"},
+		{30 * time.Minute, "30m"},
+		{time.Hour, "1h"},
+		{90 * time.Minute, "1h30m"},
+		{time.Hour + time.Second, "1h0m1s"},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			if got := formatDuration(tc.in); got != tc.want {
+				t.Errorf("formatDuration(%v) = %q, want %q", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestProblemString(t *testing.T) {
+	for _, tc := range []struct {
+		p    Problem
+		want string
+	}{
+		{Problem{"KDEDUP_BUCKET_SIZE", "3", "must be 2, 4 or 8"}, "KDEDUP_BUCKET_SIZE=3: must be 2, 4 or 8"},
+		{Problem{"KDEDUP_BROKERS", "", "required"}, `KDEDUP_BROKERS="": required`},
+		{Problem{"KDEDUP_BROKERS", "a:1, b:2", "x"}, `KDEDUP_BROKERS="a:1, b:2": x`},
+		{Problem{"KDEDUP_KEY", "json:", "x"}, `KDEDUP_KEY="json:": x`},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			if got := tc.p.String(); got != tc.want {
+				t.Errorf("String() = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,20 @@
+// Package config owns kdedup's runtime configuration: the KDEDUP_*
+// environment variables, their defaults, and the rules that make a set of
+// them valid.
+//
+// Configuration follows the twelve-factor convention: every setting is an
+// environment variable, parsed into one [Config] by caarlos0/env. The struct
+// tags on [Config] are the single source of truth for each variable's name,
+// default and meaning; [Config.Table] renders them for --help and the docs,
+// so nothing else should restate them.
+//
+// [Load] reports every problem at once, parse errors and rule violations
+// alike, in one [*Error] whose lines read "KDEDUP_BUCKET_SIZE=3: must be 2,
+// 4 or 8". An operator fixing a deployment sees the whole list, not one
+// problem per restart.
+//
+// A variable that is set but empty takes its default, as an unset one does.
+//
+// Other packages never import config: cmd/kdedup copies the fields they need
+// into each package's own Options struct.
+package config

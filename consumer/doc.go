@@ -1,0 +1,32 @@
+// Package consumer runs kdedup's Kafka side: a franz-go consumer-group member
+// (cooperative-sticky balancing) that hands each assigned topic-partition's
+// records to its own goroutine, produces the records that partition's
+// deduplicator forwards, and cuts write batches.
+//
+// # At-least-once ordering
+//
+// For each partition, in this order:
+//
+//  1. decide polled records in offset order (package dedup) and produce the
+//     forwarded ones without waiting;
+//  2. every FlushInterval, when the dirty pages reach FlushBytes, on
+//     revocation and on shutdown: wait until every produced record is
+//     acknowledged, then commit one Badger transaction holding the dirty
+//     pages, the chain metadata and the checkpoint (the offset after the
+//     last decided record);
+//  3. then mark that offset for the group commit, which franz-go sends every
+//     FlushInterval and which the worker sends synchronously on revocation
+//     and shutdown.
+//
+// A crash between steps forwards again at most the records decided since the
+// last write batch (one flush interval); it never loses a record, because no
+// checkpoint or group offset ever passes a record whose output was not
+// acknowledged. On assignment a partition resumes from its Badger checkpoint
+// when that is ahead of the group's committed offset (a crash between steps 2
+// and 3). A partition that is lost (session expiry, fencing) drops its
+// uncommitted state without committing.
+//
+// A storage or produce error stops the worker: Run returns it after the other
+// partitions finish their write batches; the failed partition commits
+// nothing, so its next owner resumes from its last good checkpoint.
+package consumer

@@ -1,0 +1,16 @@
+// Package dedup owns one topic-partition's deduplicator: it derives each
+// record's dedup key, decides in offset order whether the record is new
+// (forward), a duplicate (drop), a delete (remove the key, forward the
+// tombstone) or cannot be keyed (forward unchanged, count), and commits the
+// filter pages a write batch changed together with the checkpoint offset.
+//
+// Decisions are made one record at a time against the partition's chained
+// cuckoo filter, so a duplicate inside one polled batch is caught exactly as
+// one across batches. A duplicate is a record whose key the filter reports
+// present: a key inserted earlier in this topic-partition and not deleted
+// since, or, with probability about the filter's estimated false-positive
+// rate, a key never seen (a false drop).
+//
+// dedup does no network I/O; package consumer feeds it records and produces
+// what it forwards.
+package dedup

@@ -1,0 +1,93 @@
+package dedup
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/kdedup/kdedup/filter"
+)
+
+// Metrics are the per-topic-partition decision counters and filter gauges.
+// Create one per process with NewMetrics and share it between Partitions;
+// safe for concurrent use.
+type Metrics struct {
+	consumed, forwarded, duplicates, deletes, deletesMissing, unkeyed *prometheus.CounterVec
+
+	commitSeconds prometheus.Histogram
+
+	load, newestLoad, subFilters, items, fpr, bytes *prometheus.GaugeVec
+}
+
+// NewMetrics registers the metrics with reg (nil: not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	f := promauto.With(reg)
+	tp := []string{"topic", "partition"}
+	counter := func(name, help string) *prometheus.CounterVec {
+		return f.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, tp)
+	}
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		return f.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, tp)
+	}
+	return &Metrics{
+		consumed:       counter("kdedup_consumed_records_total", "Input records decided."),
+		forwarded:      counter("kdedup_forwarded_records_total", "Records decided to go to the output topic (new keys, unkeyed records, forwarded tombstones)."),
+		duplicates:     counter("kdedup_duplicate_records_total", "Records dropped because their key was seen before."),
+		deletes:        counter("kdedup_delete_records_total", "Tombstones and delete-marked records applied to the filter."),
+		deletesMissing: counter("kdedup_delete_missing_total", "Deletes whose key was not in the filter."),
+		unkeyed:        counter("kdedup_unkeyed_records_total", "Records without a usable dedup key, forwarded unchanged."),
+		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kdedup_batch_commit_seconds",
+			Help:    "Latency of one write batch (dirty pages, metadata and checkpoint in one Badger transaction).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		load:       gauge("kdedup_filter_load_factor", "Items over slots across the partition's chain."),
+		newestLoad: gauge("kdedup_filter_newest_load_factor", "Load factor of the sub-filter inserts go to."),
+		subFilters: gauge("kdedup_filter_sub_filters", "Sub-filters in the partition's chain."),
+		items:      gauge("kdedup_filter_items", "Fingerprints stored in the partition's chain."),
+		fpr:        gauge("kdedup_filter_estimated_fpr", "Estimated false-positive rate of the chain: the sum of 2*b*load/2^f over sub-filters."),
+		bytes:      gauge("kdedup_filter_bytes", "Size of the chain's pages."),
+	}
+}
+
+type partitionMetrics struct {
+	m      *Metrics
+	labels []string
+
+	consumed, forwarded, duplicates, deletes, deletesMissing, unkeyed prometheus.Counter
+	commitSeconds                                                     prometheus.Observer
+}
+
+func (m *Metrics) forPartition(topic string, partition int32) partitionMetrics {
+	l := []string{topic, strconv.Itoa(int(partition))}
+	return partitionMetrics{
+		m:              m,
+		labels:         l,
+		consumed:       m.consumed.WithLabelValues(l...),
+		forwarded:      m.forwarded.WithLabelValues(l...),
+		duplicates:     m.duplicates.WithLabelValues(l...),
+		deletes:        m.deletes.WithLabelValues(l...),
+		deletesMissing: m.deletesMissing.WithLabelValues(l...),
+		unkeyed:        m.unkeyed.WithLabelValues(l...),
+		commitSeconds:  m.commitSeconds,
+	}
+}
+
+func (pm partitionMetrics) observe(s filter.Stats) {
+	m, l := pm.m, pm.labels
+	m.load.WithLabelValues(l...).Set(s.LoadFactor)
+	m.newestLoad.WithLabelValues(l...).Set(s.NewestLoadFactor)
+	m.subFilters.WithLabelValues(l...).Set(float64(s.SubFilters))
+	m.items.WithLabelValues(l...).Set(float64(s.Items))
+	m.fpr.WithLabelValues(l...).Set(s.EstimatedFPR)
+	m.bytes.WithLabelValues(l...).Set(float64(s.Bytes))
+}
+
+// forget drops the gauges of a partition this worker no longer owns;
+// counters stay so that rates survive a partition moving away and back.
+func (pm partitionMetrics) forget() {
+	for _, g := range []*prometheus.GaugeVec{pm.m.load, pm.m.newestLoad, pm.m.subFilters, pm.m.items, pm.m.fpr, pm.m.bytes} {
+		g.DeleteLabelValues(pm.labels...)
+	}
+}

@@ -1,0 +1,377 @@
+// Package scenario builds realistic input streams for kdedup (producer
+// retries, upstream replays, hot keys, tombstones, keys that reappear after
+// deletion, unkeyable records), computes the exact output a deduplicator
+// must produce for them, and compares it with what a worker produced. The
+// demo command and the end-to-end tests share it.
+package scenario
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Options shape a generated stream. Zero fields take the defaults noted.
+type Options struct {
+	Keys          int     // distinct keys of first events (default 10,000)
+	Seed          uint64  // PRNG seed (default 1)
+	RetryRate     float64 // share of events immediately repeated by a producer retry (default 0.1)
+	HotKeys       int     // keys repeated throughout the stream (default 20)
+	HotRate       float64 // share of records that hit a hot key (default 0.1)
+	TombstoneRate float64 // share of keys deleted later (default 0.03)
+	ReappearRate  float64 // share of deleted keys that come back after the tombstone (default 0.5)
+	Replays       int     // upstream replays of an earlier stretch of the stream (default 2)
+	UnkeyedRate   float64 // share of records without a key (default 0.005)
+}
+
+func (o Options) withDefaults() Options {
+	def := func(v *float64, d float64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if o.Keys == 0 {
+		o.Keys = 10_000
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	if o.HotKeys == 0 {
+		o.HotKeys = 20
+	}
+	if o.Replays == 0 {
+		o.Replays = 2
+	}
+	def(&o.RetryRate, 0.1)
+	def(&o.HotRate, 0.1)
+	def(&o.TombstoneRate, 0.03)
+	def(&o.ReappearRate, 0.5)
+	def(&o.UnkeyedRate, 0.005)
+	return o
+}
+
+// Base is the timestamp of the first generated record.
+var Base = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Generate returns a stream of records (no topic set) with keys, JSON
+// values, a header and increasing timestamps. It is a pure function of o.
+func Generate(o Options) []*kgo.Record {
+	o = o.withDefaults()
+	rng := rand.New(rand.NewPCG(o.Seed, o.Seed^0x5eed))
+	var out []*kgo.Record
+	seq := 0
+	emit := func(key []byte, value []byte) *kgo.Record {
+		r := &kgo.Record{
+			Key:       key,
+			Value:     value,
+			Headers:   []kgo.RecordHeader{{Key: "source", Value: []byte("scenario")}},
+			Timestamp: Base.Add(time.Duration(len(out)) * time.Millisecond),
+		}
+		out = append(out, r)
+		return r
+	}
+	event := func(key string, kind string) []byte {
+		seq++
+		return fmt.Appendf(nil, `{"id":%q,"kind":%q,"seq":%d}`, key, kind, seq)
+	}
+	deleted := map[int]bool{}
+	var gone []int // deleted keys not yet recreated, oldest first
+	for i := range o.Keys {
+		k := fmt.Sprintf("order-%06d", i)
+		r := emit([]byte(k), event(k, "created"))
+		if rng.Float64() < o.RetryRate { // retry of the same produce: identical record
+			emit(r.Key, r.Value)
+		}
+		if rng.Float64() < o.HotRate {
+			h := fmt.Sprintf("hot-%02d", rng.IntN(o.HotKeys))
+			emit([]byte(h), event(h, "ping"))
+		}
+		if rng.Float64() < o.UnkeyedRate {
+			emit(nil, event("", "anonymous"))
+		}
+		if i > 100 && rng.Float64() < o.TombstoneRate {
+			j := rng.IntN(i)
+			if !deleted[j] {
+				deleted[j] = true
+				gone = append(gone, j)
+				emit(fmt.Appendf(nil, "order-%06d", j), nil)
+			}
+		}
+		if len(gone) > 0 && rng.Float64() < o.TombstoneRate*o.ReappearRate {
+			k := fmt.Sprintf("order-%06d", gone[0])
+			gone = gone[1:]
+			emit([]byte(k), event(k, "recreated"))
+		}
+		for n := range o.Replays { // replay a stretch seen earlier
+			if i == o.Keys*(n+1)/(o.Replays+1) {
+				from := rng.IntN(len(out) / 2)
+				for _, old := range slices.Clone(out[from : from+min(2000, len(out)/4)]) {
+					emit(old.Key, old.Value)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Stats counts decisions of the exact model.
+type Stats struct {
+	Consumed, Forwarded, Duplicates, Deletes, Unkeyed int
+}
+
+// Model is an expected or observed output: for each key, the signatures of
+// its output records in order; for records without a key, their signatures
+// sorted (they are spread over output partitions, so have no order).
+type Model struct {
+	PerKey  map[string][]string
+	Unkeyed []string
+	Stats   Stats
+}
+
+// Signature identifies an output record by value, timestamp and headers.
+func Signature(r *kgo.Record) string {
+	var b strings.Builder
+	if r.Value == nil {
+		b.WriteString("<tombstone>")
+	} else {
+		b.Write(r.Value)
+	}
+	fmt.Fprintf(&b, "|%d", r.Timestamp.UnixMilli())
+	for _, h := range r.Headers {
+		fmt.Fprintf(&b, "|%s=%s", h.Key, h.Value)
+	}
+	return b.String()
+}
+
+// Expect runs the exact deduplication model over produced records (Partition
+// and Offset set, as Produce leaves them): per topic-partition in offset
+// order, a keyed record is forwarded when its key is not in the set and then
+// added; a tombstone removes its key and is forwarded when forwardTombstones;
+// a record without a key is forwarded.
+func Expect(recs []*kgo.Record, forwardTombstones bool) Model {
+	byTP := map[string][]*kgo.Record{}
+	for _, r := range recs {
+		tp := fmt.Sprintf("%s/%d", r.Topic, r.Partition)
+		byTP[tp] = append(byTP[tp], r)
+	}
+	m := Model{PerKey: map[string][]string{}}
+	for _, rs := range byTP {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].Offset < rs[j].Offset })
+		seen := map[string]bool{}
+		for _, r := range rs {
+			m.Stats.Consumed++
+			k := string(r.Key)
+			switch {
+			case len(r.Key) == 0:
+				m.Stats.Unkeyed++
+				m.Stats.Forwarded++
+				m.Unkeyed = append(m.Unkeyed, Signature(r))
+			case r.Value == nil:
+				m.Stats.Deletes++
+				delete(seen, k)
+				if forwardTombstones {
+					m.Stats.Forwarded++
+					m.PerKey[k] = append(m.PerKey[k], Signature(r))
+				}
+			case seen[k]:
+				m.Stats.Duplicates++
+			default:
+				seen[k] = true
+				m.Stats.Forwarded++
+				m.PerKey[k] = append(m.PerKey[k], Signature(r))
+			}
+		}
+	}
+	sort.Strings(m.Unkeyed)
+	return m
+}
+
+// Observe builds the model of records read from an output topic.
+func Observe(recs []*kgo.Record) Model {
+	byTP := map[string][]*kgo.Record{}
+	for _, r := range recs {
+		tp := fmt.Sprintf("%s/%d", r.Topic, r.Partition)
+		byTP[tp] = append(byTP[tp], r)
+	}
+	m := Model{PerKey: map[string][]string{}}
+	for _, rs := range byTP {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].Offset < rs[j].Offset })
+		for _, r := range rs {
+			m.Stats.Forwarded++
+			if len(r.Key) == 0 {
+				m.Unkeyed = append(m.Unkeyed, Signature(r))
+				continue
+			}
+			m.PerKey[string(r.Key)] = append(m.PerKey[string(r.Key)], Signature(r))
+		}
+	}
+	sort.Strings(m.Unkeyed)
+	return m
+}
+
+// Diff lists the differences between want and got (at most limit lines):
+// keys whose output sequence differs, and unkeyed records missing or extra.
+// Empty means got is exactly want.
+func Diff(want, got Model, limit int) []string {
+	var d []string
+	add := func(format string, args ...any) {
+		if len(d) < limit {
+			d = append(d, fmt.Sprintf(format, args...))
+		}
+	}
+	for _, k := range sortedKeys(want.PerKey, got.PerKey) {
+		if w, g := want.PerKey[k], got.PerKey[k]; !slices.Equal(w, g) {
+			add("key %q: want %d records %v, got %d records %v", k, len(w), w, len(g), g)
+		}
+	}
+	if !slices.Equal(want.Unkeyed, got.Unkeyed) {
+		add("unkeyed records: want %d, got %d", len(want.Unkeyed), len(got.Unkeyed))
+	}
+	return d
+}
+
+// Missing lists what want has that got lacks, counting each signature as a
+// multiset per key (at-least-once output may hold extra copies, never fewer),
+// and returns how many extra records got has.
+func Missing(want, got Model, limit int) (missing []string, extra int) {
+	for _, k := range sortedKeys(want.PerKey, got.PerKey) {
+		have := map[string]int{}
+		for _, s := range got.PerKey[k] {
+			have[s]++
+		}
+		for _, s := range want.PerKey[k] {
+			if have[s] > 0 {
+				have[s]--
+			} else if len(missing) < limit {
+				missing = append(missing, fmt.Sprintf("key %q: %s", k, s))
+			}
+		}
+		for _, n := range have {
+			extra += n
+		}
+	}
+	have := map[string]int{}
+	for _, s := range got.Unkeyed {
+		have[s]++
+	}
+	for _, s := range want.Unkeyed {
+		if have[s] > 0 {
+			have[s]--
+		} else if len(missing) < limit {
+			missing = append(missing, "unkeyed: "+s)
+		}
+	}
+	for _, n := range have {
+		extra += n
+	}
+	return missing, extra
+}
+
+func sortedKeys(a, b map[string][]string) []string {
+	ks := make([]string, 0, len(a)+len(b))
+	for k := range a {
+		ks = append(ks, k)
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			ks = append(ks, k)
+		}
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// Produce writes recs to topic in order, synchronously in batches, and
+// leaves each record's Topic, Partition and Offset set. The client's
+// default partitioner places keyed records by key.
+func Produce(ctx context.Context, cl *kgo.Client, topic string, recs []*kgo.Record) error {
+	const batch = 5000
+	for i := 0; i < len(recs); i += batch {
+		rs := recs[i:min(i+batch, len(recs))]
+		for _, r := range rs {
+			r.Topic = topic
+		}
+		if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+			return fmt.Errorf("producing to %s: %w", topic, err)
+		}
+	}
+	return nil
+}
+
+// WaitCaughtUp waits until group has committed, for every partition of
+// topic, the end offset the partition had when WaitCaughtUp was called.
+func WaitCaughtUp(ctx context.Context, adm *kadm.Client, group, topic string) error {
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("listing end offsets of %s: %w", topic, err)
+	}
+	for {
+		committed, err := adm.FetchOffsets(ctx, group)
+		if err == nil {
+			behind := false
+			ends.Each(func(e kadm.ListedOffset) {
+				c, ok := committed.Lookup(e.Topic, e.Partition)
+				if !ok || c.At < e.Offset {
+					behind = true
+				}
+			})
+			if !behind {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for group %s to commit the end of %s: %w", group, topic, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// ReadAll reads topic from its start to its current end offsets with
+// read_committed isolation.
+func ReadAll(ctx context.Context, brokers []string, topic string) ([]*kgo.Record, error) {
+	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, err
+	}
+	ends, err := kadm.NewClient(adm).ListEndOffsets(ctx, topic)
+	adm.Close()
+	if err != nil {
+		return nil, fmt.Errorf("listing end offsets of %s: %w", topic, err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(e kadm.ListedOffset) {
+		if e.Offset > 0 {
+			want[e.Partition] = e.Offset
+		}
+	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("reading %s: %w", topic, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if end, ok := want[r.Partition]; ok && r.Offset < end {
+				out = append(out, r)
+				if r.Offset == end-1 {
+					delete(want, r.Partition)
+				}
+			}
+		})
+	}
+	return out, nil
+}

@@ -1,0 +1,40 @@
+// Package store owns the durable state of kdedup: for each topic-partition,
+// the pages of its cuckoo-filter chain, the chain metadata and the
+// checkpoint, in one Badger database per worker. It never interprets pages
+// or metadata; the filter package does.
+//
+// # Write batches
+//
+// A write batch is one Badger transaction (Txn, not WriteBatch, whose
+// internal flushes are not atomic) holding every page a Partition dirtied
+// since its previous write batch, the chain metadata and the checkpoint.
+// After a crash a partition's state is therefore exactly that of its last
+// committed write batch, whose checkpoint says where to resume reading the
+// input. Writes are not fsynced: a killed process loses nothing Badger
+// acknowledged, and a power loss can lose the last write batches but never
+// tear one, which replaying the input from the checkpoint repairs.
+//
+// Badger refuses a transaction of 15% of its memtable or more, so Open sizes
+// the memtable for Options.FlushBytes.
+//
+// # Page cache
+//
+// Clean pages of every Partition of a DB share one LRU cache of
+// Options.CacheBytes; dirty pages are held by their Partition until Commit
+// and are never evicted. Badger is the durable copy, not the per-operation
+// path: a point read costs about 10 us.
+//
+// # Key layout
+//
+// Keys are binary, integers big-endian, and all keys of one topic-partition
+// share one prefix, so that Badger's DropPrefix can remove a partition:
+//
+//	'v'                                           layout version: uint32 (1)
+//	't' | uint16 len(topic) | topic | int32 part  partition prefix P
+//	P | 'm'                                       chain metadata (opaque)
+//	P | 'c'                                       checkpoint: int64 offset | int32 leader epoch
+//	P | 'p' | uint32 sub-filter | uint32 page     page bytes (PageBytes long)
+//
+// Open writes the layout version into an empty database and refuses any
+// other version.
+package store

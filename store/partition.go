@@ -1,0 +1,268 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+
+	"github.com/kdedup/kdedup/filter"
+)
+
+// Checkpoint is what a write batch records besides pages and metadata.
+type Checkpoint struct {
+	// Offset is the next input offset the state reflects: every record
+	// below it has been applied, none at or above it.
+	Offset int64
+	// LeaderEpoch is the leader epoch of the record before Offset (-1 when
+	// unknown), for fencing a consumer that resumes from Offset.
+	LeaderEpoch int32
+}
+
+// Partition is the durable state of one topic-partition: the pages of its
+// chain, the chain metadata and the checkpoint. It implements filter.Pager.
+// Pages read or written since the last Commit stay in memory; Commit writes
+// the dirty ones together with metadata and checkpoint in one Badger
+// transaction, so the durable state is always that of a whole write batch.
+//
+// A Partition is not safe for concurrent use: one goroutine owns it. The
+// Partitions of one DB may be used from different goroutines at once.
+type Partition struct {
+	db     *DB
+	tp     TopicPartition
+	prefix []byte
+	owner  uint64 // namespace of this Partition's entries in the DB's page cache
+	dirty  map[filter.PageID][]byte
+	meta   []byte
+	cp     Checkpoint
+	hasCP  bool
+	closed bool
+}
+
+func (p *Partition) load() error {
+	var meta, cp []byte
+	var hasMeta, hasCP bool
+	err := p.db.bdb.View(func(txn *badger.Txn) error {
+		var err error
+		if meta, hasMeta, err = get(txn, metaKey(p.prefix)); err != nil {
+			return err
+		}
+		cp, hasCP, err = get(txn, checkpointKey(p.prefix))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("store: loading %s: %w", p.tp, err)
+	}
+	if hasMeta != hasCP {
+		return fmt.Errorf("store: loading %s: metadata present %t, checkpoint present %t; a write batch writes both: %w",
+			p.tp, hasMeta, hasCP, ErrCorrupt)
+	}
+	if !hasCP {
+		return nil
+	}
+	if p.cp, err = decodeCheckpoint(cp); err != nil {
+		return fmt.Errorf("store: loading %s: %w", p.tp, err)
+	}
+	p.meta, p.hasCP = meta, true
+	return nil
+}
+
+// get returns a copy of key's value (non-nil when found, even if empty).
+func get(txn *badger.Txn, key []byte) ([]byte, bool, error) {
+	item, err := txn.Get(key)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	v, err := item.ValueCopy(nil)
+	if err != nil {
+		return nil, false, err
+	}
+	if v == nil {
+		v = []byte{}
+	}
+	return v, true, nil
+}
+
+// TopicPartition returns the topic-partition whose state p holds.
+func (p *Partition) TopicPartition() TopicPartition { return p.tp }
+
+// Meta returns the chain metadata of the last committed write batch, or nil
+// if the partition has none. The caller must not modify it.
+func (p *Partition) Meta() []byte { return p.meta }
+
+// Checkpoint returns the checkpoint of the last committed write batch, and
+// false if the partition has none.
+func (p *Partition) Checkpoint() (Checkpoint, bool) { return p.cp, p.hasCP }
+
+// Page returns page id, PageBytes long: the dirty copy if there is one, else
+// the cached or stored clean page; a page never written reads as zeros. The
+// caller may modify the page in place and must then call MarkDirty before
+// its next call to Page, since an unmarked clean page can be evicted from
+// the cache (and its changes lost) at any time. A stored page of the wrong
+// length returns ErrCorrupt; after Close, ErrClosed.
+func (p *Partition) Page(id filter.PageID) ([]byte, error) {
+	if page, ok := p.dirty[id]; ok {
+		p.db.metrics.cacheHits.Inc()
+		return page, nil
+	}
+	if p.closed || p.db.closed.Load() {
+		return nil, fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, ErrClosed)
+	}
+	key := cacheKey{owner: p.owner, id: id}
+	if page, ok := p.db.cache.Get(key); ok {
+		p.db.metrics.cacheHits.Inc()
+		return page, nil
+	}
+	p.db.metrics.cacheMisses.Inc()
+	var page []byte
+	var found bool
+	err := p.db.bdb.View(func(txn *badger.Txn) error {
+		var err error
+		page, found, err = get(txn, pageKey(p.prefix, id))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, err)
+	}
+	if !found {
+		page = make([]byte, p.db.opts.PageBytes)
+	} else {
+		p.db.metrics.pageReads.Inc()
+		if len(page) != p.db.opts.PageBytes {
+			return nil, fmt.Errorf("store: reading %s of %s: stored page is %d bytes, want %d: %w",
+				fmtPageID(id), p.tp, len(page), p.db.opts.PageBytes, ErrCorrupt)
+		}
+	}
+	p.db.cache.Add(key, page)
+	return page, nil
+}
+
+// MarkDirty records that page, the slice Page returned for id, was modified;
+// the next Commit persists it. Until then it is held outside the cache and
+// never evicted. It has no effect after Close.
+func (p *Partition) MarkDirty(id filter.PageID, page []byte) {
+	if p.closed {
+		return
+	}
+	p.dirty[id] = page
+	// The cache holds clean pages only; this one no longer is.
+	p.db.cache.Remove(cacheKey{owner: p.owner, id: id})
+}
+
+// DirtyBytes returns the bytes of pages marked dirty since the last
+// successful Commit (or Discard).
+func (p *Partition) DirtyBytes() int64 {
+	return int64(len(p.dirty)) * int64(p.db.opts.PageBytes)
+}
+
+// Commit writes a write batch in one Badger transaction: every dirty page,
+// meta as the chain metadata and cp as the checkpoint. On success the dirty
+// pages become clean cached pages and Meta and Checkpoint return meta and
+// cp. On error nothing changes in memory: the dirty pages stay dirty, Meta
+// and Checkpoint keep their values. The durable state is that of the
+// previous or of this write batch, never a mix. Errors: ErrBatchTooBig when
+// the batch exceeds Badger's transaction limit (the caller let DirtyBytes
+// grow past FlushBytes), ErrCorrupt when a dirty page is not PageBytes long,
+// ErrReadOnly, ErrClosed, or Badger's error.
+func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
+	if p.closed || p.db.closed.Load() {
+		return fmt.Errorf("store: committing a write batch of %s: %w", p.tp, ErrClosed)
+	}
+	if p.db.opts.ReadOnly {
+		return fmt.Errorf("store: committing a write batch of %s: %w", p.tp, ErrReadOnly)
+	}
+	start := time.Now()
+	written, err := p.commit(meta, cp)
+	if err != nil {
+		p.db.metrics.commitErrors.Inc()
+		return fmt.Errorf("store: committing a write batch of %s (%d dirty pages, checkpoint offset %d): %w",
+			p.tp, len(p.dirty), cp.Offset, err)
+	}
+	p.db.metrics.commitSeconds.Observe(time.Since(start).Seconds())
+	p.db.metrics.commitBytes.Add(float64(written))
+	p.db.metrics.commits.Inc()
+
+	for id, page := range p.dirty {
+		p.db.cache.Add(cacheKey{owner: p.owner, id: id}, page)
+	}
+	clear(p.dirty)
+	p.meta = append([]byte{}, meta...)
+	p.cp, p.hasCP = cp, true
+	return nil
+}
+
+// commit stages and commits the transaction and returns the key and value
+// bytes it wrote.
+func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, error) {
+	txn := p.db.bdb.NewTransaction(true)
+	defer txn.Discard()
+	var written int64
+	set := func(key, value []byte) error {
+		written += int64(len(key) + len(value))
+		err := txn.Set(key, value)
+		if errors.Is(err, badger.ErrTxnTooBig) {
+			return fmt.Errorf("%w (FlushBytes %d, Badger's limit %d bytes): %w",
+				ErrBatchTooBig, p.db.opts.FlushBytes, p.db.bdb.MaxBatchSize(), err)
+		}
+		return err
+	}
+	for id, page := range p.dirty {
+		if len(page) != p.db.opts.PageBytes {
+			return 0, fmt.Errorf("dirty %s is %d bytes, want %d: %w", fmtPageID(id), len(page), p.db.opts.PageBytes, ErrCorrupt)
+		}
+		if err := set(pageKey(p.prefix, id), page); err != nil {
+			return 0, err
+		}
+	}
+	if err := set(metaKey(p.prefix), meta); err != nil {
+		return 0, err
+	}
+	if err := set(checkpointKey(p.prefix), encodeCheckpoint(cp)); err != nil {
+		return 0, err
+	}
+	if hook := p.db.tuning.beforeTxnCommit; hook != nil {
+		if err := hook(p.tp); err != nil {
+			return 0, err
+		}
+	}
+	if err := txn.Commit(); err != nil {
+		return 0, err
+	}
+	return written, nil
+}
+
+// Discard drops the dirty pages and this partition's cached pages, in
+// memory only: the next Page reads the last committed state from Badger.
+// Use it when the partition is lost or its uncommitted changes are void.
+func (p *Partition) Discard() {
+	clear(p.dirty)
+	p.dropCached()
+}
+
+func (p *Partition) dropCached() {
+	for _, k := range p.db.cache.Keys() {
+		if k.owner == p.owner {
+			p.db.cache.Remove(k)
+		}
+	}
+}
+
+// Close releases the in-memory state of the partition, dropping its dirty
+// and cached pages, so that the topic-partition can be opened again. Later
+// calls do nothing.
+func (p *Partition) Close() {
+	if p.closed {
+		return
+	}
+	p.Discard()
+	p.closed = true
+	p.db.release(p.tp)
+}
+
+func fmtPageID(id filter.PageID) string {
+	return fmt.Sprintf("page %d of sub-filter %d", id.Page, id.SubFilter)
+}

@@ -1,0 +1,506 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/options"
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kdedup/kdedup/filter"
+)
+
+// Errors returned by the store. Errors from Badger are wrapped with what was
+// being attempted; test them with errors.Is.
+var (
+	// ErrCorrupt reports state that cannot be right: a page of the wrong
+	// length, an undecodable checkpoint or key, an unknown layout version.
+	ErrCorrupt = errors.New("store: corrupt state")
+	// ErrClosed is returned by a DB or Partition used after Close.
+	ErrClosed = errors.New("store: closed")
+	// ErrLocked is returned by Open when another process holds the directory.
+	ErrLocked = errors.New("store: directory in use by another process")
+	// ErrReadOnly is returned by Commit on a DB opened with ReadOnly.
+	ErrReadOnly = errors.New("store: read-only")
+	// ErrInvalidOptions is returned by Open for Options it cannot honour.
+	ErrInvalidOptions = errors.New("store: invalid options")
+	// ErrInvalidTopic is returned by Partition for a topic name Kafka would
+	// refuse (empty or longer than 249 bytes).
+	ErrInvalidTopic = errors.New("store: invalid topic name")
+	// ErrPartitionOpen is returned by Partition when the topic-partition
+	// already has an open Partition on this DB.
+	ErrPartitionOpen = errors.New("store: partition already open")
+	// ErrBatchTooBig is returned by Commit when the write batch exceeds
+	// Badger's transaction limit (see Options.FlushBytes).
+	ErrBatchTooBig = errors.New("store: write batch exceeds the transaction limit")
+)
+
+// Defaults and limits of Options.
+const (
+	DefaultPageBytes  = 4096
+	DefaultCacheBytes = 256 << 20
+	DefaultFlushBytes = 8 << 20
+
+	// MaxPageBytes keeps every page under Badger's default ValueThreshold
+	// (1 MiB), so pages live in the LSM tree and value-log GC has little to do.
+	MaxPageBytes = 512 << 10
+
+	// batchReserveBytes is the room a write batch keeps beside its pages for
+	// the chain metadata, the checkpoint and Badger's transaction marker.
+	batchReserveBytes = 64 << 10
+	// entryOverheadBytes is what Badger's Txn.checkSize adds to key and value
+	// length for each entry: 2 meta bytes and 10 for the version suffix.
+	entryOverheadBytes = 12
+	// Badger's MemTableSize: its default, and the most Open raises it to.
+	// Badger allocates a memtable arena of about 1.3x this size and keeps up
+	// to NumMemtables (5) of them.
+	minMemTableBytes = 64 << 20
+	maxMemTableBytes = 1 << 30
+
+	blockCacheBytes = 8 << 20
+	gcInterval      = 5 * time.Minute
+	gcDiscardRatio  = 0.5
+)
+
+// Options configure Open. The zero value of a field means its default.
+type Options struct {
+	// Dir is the Badger directory; created if missing. Required unless
+	// InMemory.
+	Dir string
+	// InMemory keeps everything in memory (Badger's WithInMemory); for tests.
+	InMemory bool
+	// PageBytes is the size of every page (default 4096, at most
+	// MaxPageBytes). It must stay the same for the life of a directory.
+	PageBytes int
+	// CacheBytes bounds the clean pages kept in memory, shared by every
+	// Partition of the DB (default 256 MiB); the cache holds
+	// CacheBytes/PageBytes pages (at least one), least recently used evicted
+	// first. Dirty pages are not counted: they are bounded by FlushBytes.
+	CacheBytes int64
+	// FlushBytes is the largest set of dirty pages one write batch must hold
+	// (default 8 MiB); the caller commits once DirtyBytes exceeds it, so a
+	// batch holds up to FlushBytes plus one page. Badger refuses a
+	// transaction of 15% of its memtable or more, so Open raises MemTableSize
+	// above Badger's default of 64 MiB when FlushBytes needs it, and returns
+	// ErrInvalidOptions when that would exceed 1 GiB (FlushBytes above
+	// roughly 140 MiB with 4 KiB pages).
+	FlushBytes int64
+	// Logger receives the store's logs and Badger's (default slog.Default()).
+	// Badger's info messages are logged at debug level, its debug messages
+	// four levels below.
+	Logger *slog.Logger
+	// Registerer registers the kdedup_store_* metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// ReadOnly opens an existing directory without writing to it (Commit
+	// returns ErrReadOnly); several read-only processes may share it.
+	ReadOnly bool
+}
+
+func (o Options) withDefaults() Options {
+	if o.PageBytes == 0 {
+		o.PageBytes = DefaultPageBytes
+	}
+	if o.CacheBytes == 0 {
+		o.CacheBytes = DefaultCacheBytes
+	}
+	if o.FlushBytes == 0 {
+		o.FlushBytes = DefaultFlushBytes
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// validate returns every problem of o (after withDefaults) in one error.
+func (o Options) validate() error {
+	var problems []string
+	switch {
+	case o.InMemory && o.Dir != "":
+		problems = append(problems, fmt.Sprintf("Dir %q must be empty with InMemory", o.Dir))
+	case !o.InMemory && o.Dir == "":
+		problems = append(problems, "Dir is required unless InMemory")
+	}
+	if o.InMemory && o.ReadOnly {
+		problems = append(problems, "ReadOnly and InMemory exclude each other")
+	}
+	if o.PageBytes < 1 || o.PageBytes > MaxPageBytes {
+		problems = append(problems, fmt.Sprintf("PageBytes %d outside 1..%d", o.PageBytes, MaxPageBytes))
+	}
+	if o.CacheBytes < 0 {
+		problems = append(problems, fmt.Sprintf("CacheBytes %d is negative", o.CacheBytes))
+	}
+	if o.FlushBytes < 0 {
+		problems = append(problems, fmt.Sprintf("FlushBytes %d is negative", o.FlushBytes))
+	} else if o.PageBytes > 0 && o.PageBytes <= MaxPageBytes {
+		size, _ := batchLimits(o.PageBytes, o.FlushBytes)
+		if mt := memTableBytes(size); mt > maxMemTableBytes {
+			problems = append(problems, fmt.Sprintf(
+				"FlushBytes %d: a write batch of up to %d bytes needs a Badger memtable of %d bytes, above the %d-byte limit",
+				o.FlushBytes, size, mt, int64(maxMemTableBytes)))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// batchLimits returns the largest Badger transaction, in Badger's own size
+// estimate and entry count, that a write batch of FlushBytes plus one page
+// can produce for the longest topic name.
+func batchLimits(pageBytes int, flushBytes int64) (size, count int64) {
+	pb := int64(pageBytes)
+	pages := (flushBytes+pb-1)/pb + 1
+	size = pages*(pb+maxPageKeyBytes+entryOverheadBytes) + batchReserveBytes
+	return size, pages + 3 // + meta, checkpoint, Badger's commit marker
+}
+
+// memTableBytes returns the Badger MemTableSize whose transaction limit
+// (15*MemTableSize/100, Badger's checkAndSetOptions) exceeds batchSize,
+// rounded up to a MiB and never below Badger's default.
+func memTableBytes(batchSize int64) int64 {
+	mt := (batchSize+1)*100/15 + 1
+	mt = (mt + 1<<20 - 1) &^ (1<<20 - 1)
+	return max(mt, minMemTableBytes)
+}
+
+// tuning holds what tests change; Open uses the production values.
+type tuning struct {
+	gcInterval time.Duration
+	// afterGC, if set, runs after each value-log GC round.
+	afterGC func()
+	// beforeTxnCommit, if set, runs after a write batch is staged and before
+	// Txn.Commit; an error aborts the commit.
+	beforeTxnCommit func(TopicPartition) error
+}
+
+// DB is the durable state of every topic-partition a worker owns: one Badger
+// database plus a page cache shared by its Partitions. Its methods are safe
+// for concurrent use; Close must not run concurrently with them or with the
+// methods of its Partitions.
+type DB struct {
+	bdb     *badger.DB
+	opts    Options
+	where   string // directory or "memory", for errors and logs
+	logger  *slog.Logger
+	metrics *metrics
+	tuning  tuning
+
+	// cache holds clean pages of every Partition, keyed by the Partition's
+	// owner number so that a closed Partition's pages are never seen again.
+	cache     *lru.Cache[cacheKey, []byte]
+	nextOwner atomic.Uint64
+
+	// batchSize and batchCount are the transaction a full write batch needs.
+	batchSize, batchCount int64
+
+	mu     sync.Mutex
+	open   map[TopicPartition]struct{}
+	closed atomic.Bool
+
+	stopGC chan struct{}
+	gcDone sync.WaitGroup
+}
+
+type cacheKey struct {
+	owner uint64
+	id    filter.PageID
+}
+
+// TopicPartition names one Kafka topic-partition.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+// String returns "topic/partition".
+func (tp TopicPartition) String() string { return fmt.Sprintf("%s/%d", tp.Topic, tp.Partition) }
+
+// Open opens (creating if needed) the store in opts.Dir, or in memory. It
+// writes the layout version into an empty store and refuses a store of
+// another version (ErrCorrupt). It returns ErrLocked when another process
+// holds the directory and ErrInvalidOptions for bad Options. Unless InMemory
+// or ReadOnly, it starts a value-log GC loop (every 5 minutes) that Close
+// stops.
+func Open(opts Options) (*DB, error) {
+	return open(opts, tuning{gcInterval: gcInterval})
+}
+
+func open(opts Options, tn tuning) (*DB, error) {
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	db := &DB{
+		opts:    opts,
+		where:   opts.Dir,
+		logger:  opts.Logger,
+		metrics: newMetrics(opts.Registerer),
+		tuning:  tn,
+		open:    make(map[TopicPartition]struct{}),
+		stopGC:  make(chan struct{}),
+	}
+	if opts.InMemory {
+		db.where = "memory"
+	}
+	db.batchSize, db.batchCount = batchLimits(opts.PageBytes, opts.FlushBytes)
+	cache, err := lru.New[cacheKey, []byte](int(max(opts.CacheBytes/int64(opts.PageBytes), 1)))
+	if err != nil {
+		return nil, fmt.Errorf("store: creating the page cache: %w", err)
+	}
+	db.cache = cache
+
+	if db.bdb, err = openBadger(opts, db.where, memTableBytes(db.batchSize)); err != nil {
+		return nil, err
+	}
+	if err := db.checkBatchLimit(); err != nil {
+		return nil, errors.Join(err, db.bdb.Close())
+	}
+	if err := db.checkLayout(); err != nil {
+		return nil, errors.Join(err, db.bdb.Close())
+	}
+	if !opts.InMemory && !opts.ReadOnly {
+		db.gcDone.Add(1)
+		go db.valueLogGC()
+	}
+	return db, nil
+}
+
+func openBadger(opts Options, where string, memTable int64) (*badger.DB, error) {
+	bo := badger.DefaultOptions(opts.Dir).
+		WithInMemory(opts.InMemory).
+		WithReadOnly(opts.ReadOnly).
+		// Pages are fingerprints: random bytes that do not compress.
+		WithCompression(options.None).
+		WithBlockCacheSize(blockCacheBytes).
+		WithMemTableSize(memTable).
+		// Each key is written by one Partition only and Commit reads nothing,
+		// so there is nothing to conflict with.
+		WithDetectConflicts(false).
+		WithLogger(badgerLogger{opts.Logger.With("component", "badger")})
+	bdb, err := badger.Open(bo)
+	// After a crash the first Open can fail while replaying the memtable
+	// files and the second succeed (badger#2207). Never wipe the directory:
+	// the state is worth more than the time to find out why.
+	if err != nil && strings.Contains(err.Error(), "while opening memtables") {
+		opts.Logger.Warn("badger open failed while opening memtables; retrying once",
+			"dir", where, "err", err)
+		bdb, err = badger.Open(bo)
+	}
+	if err != nil {
+		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
+			return nil, fmt.Errorf("store: opening badger at %s: %w (another kdedup process or a running inspection holds it): %v",
+				where, ErrLocked, err)
+		}
+		return nil, fmt.Errorf("store: opening badger at %s: %w", where, err)
+	}
+	return bdb, nil
+}
+
+// checkBatchLimit verifies that Badger accepts a full write batch in one
+// transaction, in case Badger's limit ever stops being 15% of the memtable.
+func (db *DB) checkBatchLimit() error {
+	if db.batchSize >= db.bdb.MaxBatchSize() || db.batchCount >= db.bdb.MaxBatchCount() {
+		return fmt.Errorf("%w: FlushBytes %d needs transactions of %d bytes and %d entries, Badger allows less than %d bytes and %d entries",
+			ErrInvalidOptions, db.opts.FlushBytes, db.batchSize, db.batchCount, db.bdb.MaxBatchSize(), db.bdb.MaxBatchCount())
+	}
+	return nil
+}
+
+// checkLayout refuses a store written with another key layout and stamps an
+// empty one with the current version.
+func (db *DB) checkLayout() error {
+	var (
+		found, empty bool
+		version      uint32
+	)
+	err := db.bdb.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(layoutKey)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			it := txn.NewIterator(badger.IteratorOptions{})
+			defer it.Close()
+			it.Rewind()
+			empty = !it.Valid()
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		found = true
+		return item.Value(func(v []byte) error {
+			if len(v) != 4 {
+				return fmt.Errorf("layout version is %d bytes, want 4: %w", len(v), ErrCorrupt)
+			}
+			version = binary.BigEndian.Uint32(v)
+			return nil
+		})
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("store: reading the layout version in %s: %w", db.where, err)
+	case found && version != layoutVersion:
+		return fmt.Errorf("store: opening %s: layout version %d on disk, this build reads version %d: %w",
+			db.where, version, layoutVersion, ErrCorrupt)
+	case found:
+		return nil
+	case !empty:
+		return fmt.Errorf("store: opening %s: state without a layout version: %w", db.where, ErrCorrupt)
+	case db.opts.ReadOnly:
+		return nil
+	}
+	v := binary.BigEndian.AppendUint32(nil, layoutVersion)
+	if err := db.bdb.Update(func(txn *badger.Txn) error { return txn.Set(layoutKey, v) }); err != nil {
+		return fmt.Errorf("store: writing layout version %d in %s: %w", layoutVersion, db.where, err)
+	}
+	return nil
+}
+
+// valueLogGC rewrites value-log files that are at least half garbage. Pages
+// stay in the LSM tree (they are under ValueThreshold), so there is little
+// to do; the loop keeps the value log from growing if that ever changes.
+func (db *DB) valueLogGC() {
+	defer db.gcDone.Done()
+	t := time.NewTicker(db.tuning.gcInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-db.stopGC:
+			return
+		case <-t.C:
+		}
+		for {
+			err := db.bdb.RunValueLogGC(gcDiscardRatio)
+			if errors.Is(err, badger.ErrNoRewrite) || errors.Is(err, badger.ErrRejected) {
+				break
+			}
+			if err != nil {
+				db.logger.Warn("value-log GC", "dir", db.where, "err", err)
+				break
+			}
+			select {
+			case <-db.stopGC:
+				return
+			default:
+			}
+		}
+		if db.tuning.afterGC != nil {
+			db.tuning.afterGC()
+		}
+	}
+}
+
+// Close stops the value-log GC and closes Badger. Later calls return nil.
+// Open Partitions become unusable (ErrClosed); their uncommitted pages are
+// lost.
+func (db *DB) Close() error {
+	if db.closed.Swap(true) {
+		return nil
+	}
+	close(db.stopGC)
+	db.gcDone.Wait()
+	db.cache.Purge()
+	if err := db.bdb.Close(); err != nil {
+		return fmt.Errorf("store: closing badger at %s: %w", db.where, err)
+	}
+	return nil
+}
+
+// Partition opens the state of one topic-partition, loading its chain
+// metadata and checkpoint if it has any; a topic-partition without state
+// starts empty. A topic-partition has at most one open Partition per DB
+// (ErrPartitionOpen otherwise): Close it before opening it again. The topic
+// must be 1 to 249 bytes (ErrInvalidTopic).
+func (db *DB) Partition(topic string, partition int32) (*Partition, error) {
+	tp := TopicPartition{Topic: topic, Partition: partition}
+	if len(topic) == 0 || len(topic) > maxTopicBytes {
+		return nil, fmt.Errorf("store: opening %s: %d bytes, want 1..%d: %w", tp, len(topic), maxTopicBytes, ErrInvalidTopic)
+	}
+	if db.closed.Load() {
+		return nil, fmt.Errorf("store: opening %s: %w", tp, ErrClosed)
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if _, ok := db.open[tp]; ok {
+		return nil, fmt.Errorf("store: opening %s: %w", tp, ErrPartitionOpen)
+	}
+	p := &Partition{
+		db:     db,
+		tp:     tp,
+		prefix: partitionPrefix(topic, partition),
+		owner:  db.nextOwner.Add(1),
+		dirty:  make(map[filter.PageID][]byte),
+	}
+	if err := p.load(); err != nil {
+		return nil, err
+	}
+	db.open[tp] = struct{}{}
+	return p, nil
+}
+
+func (db *DB) release(tp TopicPartition) {
+	db.mu.Lock()
+	delete(db.open, tp)
+	db.mu.Unlock()
+}
+
+// Partitions returns every topic-partition that has state in the store,
+// sorted by topic, then partition.
+func (db *DB) Partitions() ([]TopicPartition, error) {
+	if db.closed.Load() {
+		return nil, fmt.Errorf("store: listing partitions: %w", ErrClosed)
+	}
+	var tps []TopicPartition
+	err := db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{tagPartition}})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); {
+			tp, n, err := decodePartitionPrefix(it.Item().Key())
+			if err != nil {
+				return err
+			}
+			tps = append(tps, tp)
+			// Every key of the partition is prefix|tag with a tag below 0xff.
+			it.Seek(append(it.Item().KeyCopy(nil)[:n], 0xff))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: listing partitions in %s: %w", db.where, err)
+	}
+	sort.Slice(tps, func(i, j int) bool {
+		if tps[i].Topic != tps[j].Topic {
+			return tps[i].Topic < tps[j].Topic
+		}
+		return tps[i].Partition < tps[j].Partition
+	})
+	return tps, nil
+}
+
+// badgerLogger adapts Badger's logger to slog. Badger logs routine progress
+// at info, so that becomes debug; Badger's debug lines (one per write) go
+// below debug, where handlers drop them unless asked.
+type badgerLogger struct{ l *slog.Logger }
+
+func (b badgerLogger) log(level slog.Level, format string, args []any) {
+	ctx := context.Background()
+	if !b.l.Enabled(ctx, level) {
+		return
+	}
+	b.l.Log(ctx, level, strings.TrimSpace(fmt.Sprintf(format, args...)))
+}
+
+func (b badgerLogger) Errorf(f string, a ...any)   { b.log(slog.LevelError, f, a) }
+func (b badgerLogger) Warningf(f string, a ...any) { b.log(slog.LevelWarn, f, a) }
+func (b badgerLogger) Infof(f string, a ...any)    { b.log(slog.LevelDebug, f, a) }
+func (b badgerLogger) Debugf(f string, a ...any)   { b.log(slog.LevelDebug-4, f, a) }
