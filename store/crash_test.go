@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -60,9 +59,9 @@ func crashModel(k int64) map[filter.PageID]int64 {
 }
 
 // runCrashChild is the process TestCrashConsistency kills: it resumes after
-// the stored checkpoint and commits write batch after write batch, printing
-// each k once Commit returned, until it is killed. It also checks every
-// page it reads against the model.
+// the stored checkpoint and commits write batch after write batch until it
+// is killed, printing "begin k" before Commit and "done k micros" once
+// Commit returned. It also checks every page it reads against the model.
 func runCrashChild(dir string) int {
 	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, "crash child:", err)
@@ -95,20 +94,25 @@ func runCrashChild(dir string) int {
 			p.MarkDirty(id, page)
 			last[id] = k
 		}
+		if _, err := fmt.Fprintln(os.Stdout, "begin", k); err != nil {
+			return fail(err)
+		}
+		start := time.Now()
 		if err := p.Commit(crashMeta(k), Checkpoint{Offset: k, LeaderEpoch: int32(k % 1000)}); err != nil {
 			return fail(err)
 		}
-		if _, err := fmt.Fprintln(os.Stdout, k); err != nil {
+		if _, err := fmt.Fprintln(os.Stdout, "done", k, time.Since(start).Microseconds()); err != nil {
 			return fail(err)
 		}
 	}
 }
 
 // TestCrashConsistency SIGKILLs a process that commits write batches in a
-// loop, at a random moment, in several rounds on one directory, and checks
-// after each that the stored state is exactly that of one whole write
-// batch: the one named by the checkpoint, which is the last one the child
-// acknowledged or the one in flight.
+// loop, in several rounds on one directory, each time while a Commit is in
+// flight (at a random point of its expected duration, or just after it),
+// and checks after each kill that the stored state is exactly that of one
+// whole write batch: the one named by the checkpoint, which is the last one
+// the child acknowledged or the one in flight.
 func TestCrashConsistency(t *testing.T) {
 	if testing.Short() {
 		t.Skip("re-executes the test binary")
@@ -118,8 +122,10 @@ func TestCrashConsistency(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	dir := t.TempDir()
 	var acked int64 // the last write batch any child acknowledged
-	for round := range 8 {
-		a := killChild(t, dir, 1+rng.IntN(25), time.Duration(rng.IntN(3000))*time.Microsecond)
+	landed := 0     // kills after which the batch in flight was durable
+	const rounds = 8
+	for round := range rounds {
+		a, inFlight := killChild(t, dir, 1+rng.IntN(20), rng.Float64()*1.5)
 		acked = max(acked, a)
 
 		db, err := Open(crashOptions(dir))
@@ -145,19 +151,24 @@ func TestCrashConsistency(t *testing.T) {
 		if err := m.diff(p, universe(crashSubFilters, crashPagesPerFilter)); err != nil {
 			t.Fatalf("round %d: state is not that of batch %d: %v", round, k, err)
 		}
-		t.Logf("round %d: batch %d acknowledged, state is batch %d", round, acked, k)
+		if k == inFlight {
+			landed++
+		}
+		t.Logf("round %d: killed in the Commit of batch %d; batch %d acknowledged, state is batch %d", round, inFlight, acked, k)
+		acked = k
 		p.Close()
 		if err := db.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
+	t.Logf("%d of %d kills left the batch whose Commit was in flight durable, the others the batch before", landed, rounds)
 }
 
-// killChild starts the crash child on dir, waits until it acknowledged
-// batches more write batches, lets it run on for delay (so that the kill
-// lands at a random point of the next write batch), SIGKILLs it and returns
-// the last write batch it acknowledged.
-func killChild(t *testing.T, dir string, batches int, delay time.Duration) int64 {
+// killChild starts the crash child on dir and lets it acknowledge batches
+// write batches. When it begins the next Commit, killChild waits for
+// fraction of the mean Commit duration seen so far, SIGKILLs it and returns
+// the last write batch it acknowledged and the one whose Commit it began.
+func killChild(t *testing.T, dir string, batches int, fraction float64) (acked, inFlight int64) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), crashChildEnv+"="+dir)
@@ -170,50 +181,70 @@ func killChild(t *testing.T, dir string, batches int, delay time.Duration) int64
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	lines := make(chan int64)
+	type line struct {
+		begin  bool
+		k      int64
+		micros int64
+	}
+	lines := make(chan line)
 	go func() {
 		defer close(lines)
 		s := bufio.NewScanner(out)
 		for s.Scan() {
-			k, err := strconv.ParseInt(s.Text(), 10, 64)
-			if err != nil {
-				k = -1
+			var l line
+			if _, err := fmt.Sscanf(s.Text(), "begin %d", &l.k); err == nil {
+				l.begin = true
+			} else if _, err := fmt.Sscanf(s.Text(), "done %d %d", &l.k, &l.micros); err != nil {
+				l.k = -1
 			}
-			lines <- k
+			lines <- l
 		}
 	}()
 
-	var acked int64
+	var commits, micros int64
 	timeout := time.NewTimer(30 * time.Second)
 	defer timeout.Stop()
-	for seen := 0; seen < batches; seen++ {
+	for {
 		select {
-		case k, ok := <-lines:
-			if !ok || k < 0 {
+		case l, ok := <-lines:
+			if !ok || l.k < 0 {
 				_ = cmd.Wait()
-				t.Fatalf("crash child stopped after %d batches: %s", seen, stderr.String())
+				t.Fatalf("crash child stopped after %d batches: %s", commits, stderr.String())
 			}
-			acked = k
+			if !l.begin {
+				acked = l.k
+				commits++
+				micros += l.micros
+				continue
+			}
+			if commits < int64(batches) {
+				continue
+			}
+			inFlight = l.k
 		case <-timeout.C:
 			_ = cmd.Process.Kill()
 			for range lines {
 			}
 			_ = cmd.Wait()
-			t.Fatalf("crash child acknowledged %d of %d batches in 30s: %s", seen, batches, stderr.String())
+			t.Fatalf("crash child acknowledged %d of %d batches in 30s: %s", commits, batches, stderr.String())
 		}
+		break
 	}
-	// Not a synchronization: the sleep only varies where the kill lands.
-	time.Sleep(delay)
+	// The child is inside Commit. Not a synchronization: the sleep only
+	// varies where in the Commit the kill lands.
+	time.Sleep(time.Duration(fraction * float64(micros/commits) * float64(time.Microsecond)))
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for k := range lines { // batches acknowledged before the kill
-		acked = max(acked, k)
+	for l := range lines { // a Commit may have returned before the kill
+		if !l.begin {
+			acked = max(acked, l.k)
+		}
 	}
 	err = cmd.Wait()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("crash child did not die of SIGKILL: %v: %s", err, stderr.String())
 	}
-	return acked
+	return acked, inFlight
 }

@@ -263,6 +263,8 @@ func (p *Partition) Close() {
 	p.db.release(p.tp)
 }
 
+var _ filter.Pager = (*Partition)(nil)
+
 func fmtPageID(id filter.PageID) string {
 	return fmt.Sprintf("page %d of sub-filter %d", id.Page, id.SubFilter)
 }

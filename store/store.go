@@ -101,8 +101,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer registers the kdedup_store_* metrics; nil registers none.
 	Registerer prometheus.Registerer
-	// ReadOnly opens an existing directory without writing to it (Commit
-	// returns ErrReadOnly); several read-only processes may share it.
+	// ReadOnly opens an existing store without writing to it (Commit
+	// returns ErrReadOnly). Read-only processes share the directory with each
+	// other but not with a writer (ErrLocked); Badger refuses a directory it
+	// never wrote.
 	ReadOnly bool
 }
 
@@ -183,6 +185,8 @@ type tuning struct {
 	// beforeTxnCommit, if set, runs after a write batch is staged and before
 	// Txn.Commit; an error aborts the commit.
 	beforeTxnCommit func(TopicPartition) error
+	// badgerOpen, if set, replaces badger.Open.
+	badgerOpen func(badger.Options) (*badger.DB, error)
 }
 
 // DB is the durable state of every topic-partition a worker owns: one Badger
@@ -261,7 +265,11 @@ func open(opts Options, tn tuning) (*DB, error) {
 	}
 	db.cache = cache
 
-	if db.bdb, err = openBadger(opts, db.where, memTableBytes(db.batchSize)); err != nil {
+	bopen := tn.badgerOpen
+	if bopen == nil {
+		bopen = badger.Open
+	}
+	if db.bdb, err = openBadger(bopen, opts, db.where, memTableBytes(db.batchSize)); err != nil {
 		return nil, err
 	}
 	if err := db.checkBatchLimit(); err != nil {
@@ -277,7 +285,7 @@ func open(opts Options, tn tuning) (*DB, error) {
 	return db, nil
 }
 
-func openBadger(opts Options, where string, memTable int64) (*badger.DB, error) {
+func openBadger(bopen func(badger.Options) (*badger.DB, error), opts Options, where string, memTable int64) (*badger.DB, error) {
 	bo := badger.DefaultOptions(opts.Dir).
 		WithInMemory(opts.InMemory).
 		WithReadOnly(opts.ReadOnly).
@@ -289,19 +297,18 @@ func openBadger(opts Options, where string, memTable int64) (*badger.DB, error) 
 		// so there is nothing to conflict with.
 		WithDetectConflicts(false).
 		WithLogger(badgerLogger{opts.Logger.With("component", "badger")})
-	bdb, err := badger.Open(bo)
+	bdb, err := bopen(bo)
 	// After a crash the first Open can fail while replaying the memtable
 	// files and the second succeed (badger#2207). Never wipe the directory:
 	// the state is worth more than the time to find out why.
 	if err != nil && strings.Contains(err.Error(), "while opening memtables") {
 		opts.Logger.Warn("badger open failed while opening memtables; retrying once",
 			"dir", where, "err", err)
-		bdb, err = badger.Open(bo)
+		bdb, err = bopen(bo)
 	}
 	if err != nil {
 		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
-			return nil, fmt.Errorf("store: opening badger at %s: %w (another kdedup process or a running inspection holds it): %v",
-				where, ErrLocked, err)
+			return nil, fmt.Errorf("store: opening badger at %s: %w: %v", where, ErrLocked, err)
 		}
 		return nil, fmt.Errorf("store: opening badger at %s: %w", where, err)
 	}

@@ -904,3 +904,42 @@ func TestBadgerLogger(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenRetriesMemtables checks the badger#2207 workaround: an Open that
+// fails while opening memtables is retried exactly once.
+func TestOpenRetriesMemtables(t *testing.T) {
+	memtables := errors.New("while opening memtables err: truncated")
+	tests := []struct {
+		name      string
+		failures  int   // leading badger.Open calls that fail
+		err       error // their error
+		wantCalls int
+		wantOK    bool
+	}{
+		{"first open fails", 1, memtables, 2, true},
+		{"both opens fail", 2, memtables, 2, false},
+		{"other errors are not retried", 1, errors.New("manifest has unsupported version"), 1, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			calls := 0
+			tn := tuning{gcInterval: gcInterval, badgerOpen: func(o badger.Options) (*badger.DB, error) {
+				calls++
+				if calls <= tt.failures {
+					return nil, tt.err
+				}
+				return badger.Open(o)
+			}}
+			db, err := open(Options{Dir: t.TempDir(), Logger: quiet}, tn)
+			if err == nil {
+				db.Close()
+			}
+			if calls != tt.wantCalls || (err == nil) != tt.wantOK {
+				t.Errorf("%d badger.Open calls, error %v; want %d calls, success %t", calls, err, tt.wantCalls, tt.wantOK)
+			}
+			if err != nil && !errors.Is(err, tt.err) {
+				t.Errorf("error %v does not wrap %v", err, tt.err)
+			}
+		})
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/internal/app"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
@@ -82,7 +83,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() {
-		done <- runWorker(wctx, cfg, newLogger(stderr, cfg.SlogLevel(), cfg.LogFormat), reg, func(a string) { addr <- a })
+		done <- app.Run(wctx, cfg, newLogger(stderr, cfg.SlogLevel(), cfg.LogFormat), reg, func(a string) { addr <- a })
 	}()
 	var readyAt time.Time
 	select {

@@ -18,6 +18,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/kdedup/kdedup/internal/app"
 )
 
 // errUsage marks errors that exit with code 2.
@@ -29,7 +31,7 @@ func main() {
 	stop()
 	switch {
 	case err == nil:
-	case errors.Is(err, errUsage):
+	case errors.Is(err, errUsage), errors.Is(err, app.ErrConfig):
 		fmt.Fprintln(os.Stderr, "kdedup:", err)
 		os.Exit(2)
 	default:

@@ -6,25 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"net/http"
-	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kprom"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/kdedup/kdedup/config"
-	"github.com/kdedup/kdedup/consumer"
-	"github.com/kdedup/kdedup/dedup"
-	"github.com/kdedup/kdedup/filter"
-	"github.com/kdedup/kdedup/store"
+	"github.com/kdedup/kdedup/internal/app"
 )
 
 func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
@@ -49,125 +36,6 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("%w: invalid configuration:\n%v", errUsage, err)
 	}
 	log := newLogger(stderr, cfg.SlogLevel(), cfg.LogFormat)
-	return runWorker(ctx, cfg, log, prometheus.NewRegistry(), nil)
-}
-
-// runWorker runs the worker and its HTTP endpoints until ctx is canceled or
-// the worker fails, registering its metrics with reg. started, if not nil,
-// receives the HTTP address once listening.
-func runWorker(ctx context.Context, cfg config.Config, log *slog.Logger, reg *prometheus.Registry, started func(httpAddr string)) error {
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	db, err := store.Open(store.Options{
-		Dir:        cfg.DataDir,
-		PageBytes:  int(cfg.PageBytes),
-		CacheBytes: int64(cfg.CacheBytes),
-		FlushBytes: int64(cfg.FlushBytes),
-		Logger:     log,
-		Registerer: reg,
-	})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := db.Close(); err != nil {
-			log.Error("closing badger", "err", err)
-		}
-	}()
-
-	dopts, err := dedupOptions(cfg)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	dm := dedup.NewMetrics(reg)
-	kp := kprom.NewMetrics("kdedup", kprom.Registerer(reg), kprom.Gatherer(reg))
-	w, err := consumer.New(consumer.Options{
-		Brokers:        cfg.Brokers,
-		InputTopics:    cfg.InputTopics,
-		OutputTopic:    cfg.OutputTopic,
-		Group:          cfg.Group,
-		StartAtLatest:  cfg.StartOffset == "latest",
-		SessionTimeout: cfg.SessionTimeout,
-		FlushInterval:  cfg.FlushInterval,
-		FlushBytes:     int64(cfg.FlushBytes),
-		Open: func(topic string, partition int32) (*dedup.Partition, error) {
-			return dedup.Open(db, topic, partition, dopts, dm)
-		},
-		Forwards:   dopts.Forwards,
-		Logger:     log,
-		Registerer: reg,
-		ClientOpts: []kgo.Opt{kgo.WithHooks(kp)},
-	})
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("listening on KDEDUP_HTTP_ADDR=%s: %w", cfg.HTTPAddr, err)
-	}
-	srv := &http.Server{Handler: httpHandler(reg, w.Ready), ReadHeaderTimeout: 10 * time.Second}
-	log.Info("starting", "version", version(), "http", ln.Addr().String(), "brokers", strings.Join(cfg.Brokers, ","),
-		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "group", cfg.Group, "data_dir", cfg.DataDir)
-	if started != nil {
-		started(ln.Addr().String())
-	}
-
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serving http: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
-		return w.Run(gctx)
-	})
-	err = g.Wait()
-	log.Info("stopped", "err", err)
-	return err
-}
-
-// dedupOptions translates the configuration into the deduplicator's options.
-func dedupOptions(cfg config.Config) (dedup.Options, error) {
-	key, err := dedup.ParseKey(cfg.Key)
-	if err != nil {
-		return dedup.Options{}, err
-	}
-	name, value, _ := cfg.DeleteHeaderNameValue()
-	return dedup.Options{
-		Key:            key,
-		DeleteHeader:   name,
-		DeleteValue:    value,
-		DropTombstones: !cfg.ForwardTombstones,
-		Filter: filter.Params{
-			FingerprintBits: cfg.FingerprintBits,
-			BucketSize:      cfg.BucketSize,
-			Capacity:        cfg.Capacity,
-			MaxKicks:        cfg.MaxKicks,
-			Expansion:       cfg.Expansion,
-			PageBytes:       int(cfg.PageBytes),
-		},
-	}, nil
-}
-
-func httpHandler(reg *prometheus.Registry, ready func() bool) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	return mux
+	log.Info("kdedup", "version", version())
+	return app.Run(ctx, cfg, log, prometheus.NewRegistry(), nil)
 }

@@ -1,0 +1,106 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/modules/redpanda"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// binary is the kdedup binary built by TestMain for tests that kill the
+// worker as a process.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kdedup-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "kdedup")
+	build := exec.Command("go", "build", "-o", binary, "../cmd/kdedup")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building kdedup:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// broker is the Kafka-protocol cluster a test runs against.
+type broker struct {
+	addrs  []string
+	prefix string // prepended to topic and group names, unique per test
+}
+
+// newBroker returns the broker the environment selects: kfake in-process
+// (default), KDEDUP_TEST_BROKERS, or a Redpanda container when
+// KDEDUP_TEST_CONTAINERS=1.
+func newBroker(t *testing.T) *broker {
+	t.Helper()
+	prefix := fmt.Sprintf("kdedup-%s-%08x-", strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")), rand.Uint32())
+	switch {
+	case os.Getenv("KDEDUP_TEST_BROKERS") != "":
+		return &broker{addrs: strings.Split(os.Getenv("KDEDUP_TEST_BROKERS"), ","), prefix: prefix}
+	case os.Getenv("KDEDUP_TEST_CONTAINERS") == "1":
+		testcontainers.SkipIfProviderIsNotHealthy(t)
+		ctx := context.Background()
+		c, err := redpanda.Run(ctx, "docker.redpanda.com/redpandadata/redpanda:v24.2.4", redpanda.WithAutoCreateTopics())
+		if err != nil {
+			t.Fatalf("starting a Redpanda container: %v", err)
+		}
+		t.Cleanup(func() { _ = testcontainers.TerminateContainer(c) })
+		seed, err := c.KafkaSeedBroker(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &broker{addrs: []string{seed}, prefix: prefix}
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return &broker{addrs: c.ListenAddrs(), prefix: prefix}
+}
+
+func (b *broker) name(s string) string { return b.prefix + s }
+
+func (b *broker) client(t *testing.T, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.addrs...)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+func (b *broker) admin(t *testing.T) *kadm.Client { return kadm.NewClient(b.client(t)) }
+
+// createTopics creates each topic with the given partitions.
+func (b *broker) createTopics(t *testing.T, partitions int32, topics ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := b.admin(t).CreateTopics(ctx, partitions, 1, nil, topics...)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("creating topics %v: %v", topics, err)
+	}
+}

@@ -1,0 +1,211 @@
+package tests
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/internal/app"
+	"github.com/kdedup/kdedup/internal/scenario"
+)
+
+// pipeline names one dedup job: its topics, group and worker settings.
+type pipeline struct {
+	b          *broker
+	in, out    string
+	group      string
+	partitions int32
+}
+
+func newPipeline(t *testing.T, partitions int32) *pipeline {
+	b := newBroker(t)
+	p := &pipeline{b: b, in: b.name("in"), out: b.name("out"), group: b.name("group"), partitions: partitions}
+	b.createTopics(t, partitions, p.in, p.out)
+	return p
+}
+
+// env is the worker configuration the suites use: 32-bit fingerprints so a
+// false drop is improbable (the model is exact), a small capacity so that
+// chains expand, a short flush interval and session timeout.
+func (p *pipeline) env(dataDir string) map[string]string {
+	return map[string]string{
+		"KDEDUP_BROKERS":          strings.Join(p.b.addrs, ","),
+		"KDEDUP_INPUT_TOPICS":     p.in,
+		"KDEDUP_OUTPUT_TOPIC":     p.out,
+		"KDEDUP_GROUP":            p.group,
+		"KDEDUP_DATA_DIR":         dataDir,
+		"KDEDUP_HTTP_ADDR":        "127.0.0.1:0",
+		"KDEDUP_FINGERPRINT_BITS": "32",
+		"KDEDUP_CAPACITY":         "2000",
+		"KDEDUP_FLUSH_INTERVAL":   "100ms",
+		"KDEDUP_SESSION_TIMEOUT":  "6s",
+		"KDEDUP_LOG_LEVEL":        "warn",
+		"KDEDUP_LOG_FORMAT":       "text",
+	}
+}
+
+// worker is a kdedup worker running in this process.
+type worker struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (p *pipeline) startWorker(t *testing.T, dataDir string) *worker {
+	t.Helper()
+	cfg, err := config.LoadFrom(p.env(dataDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &worker{cancel: cancel, done: make(chan error, 1)}
+	go func() { w.done <- app.Run(ctx, cfg, log, prometheus.NewRegistry(), nil) }()
+	t.Cleanup(func() { w.cancel(); <-w.done })
+	return w
+}
+
+// stop shuts the worker down gracefully and fails the test on its error.
+func (w *worker) stop(t *testing.T) {
+	t.Helper()
+	w.cancel()
+	select {
+	case err := <-w.done:
+		w.done <- nil // for the cleanup
+		if err != nil {
+			t.Fatalf("worker stopped with %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("worker did not stop within 60s")
+	}
+}
+
+// process is a kdedup worker running as a child process, to be killed.
+type process struct {
+	cmd *exec.Cmd
+}
+
+func (p *pipeline) startProcess(t *testing.T, dataDir string) *process {
+	t.Helper()
+	cmd := exec.Command(binary, "run")
+	cmd.Env = os.Environ()
+	for k, v := range maps.All(p.env(dataDir)) {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	logf, err := os.Create(filepath.Join(t.TempDir(), "worker.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pr := &process{cmd: cmd}
+	t.Cleanup(func() { pr.kill(); logf.Close() })
+	return pr
+}
+
+// kill sends SIGKILL: no final write batch, no group commit, no leave.
+func (p *process) kill() {
+	if p.cmd.ProcessState == nil {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+	}
+}
+
+// feeder produces a stream in chunks in the background, so that workers
+// start, stop and die while input keeps arriving.
+type feeder struct {
+	wg       sync.WaitGroup
+	err      error
+	produced chan int // receives the running count after each chunk
+}
+
+func (p *pipeline) feed(t *testing.T, recs []*kgo.Record, chunk int, pause time.Duration) *feeder {
+	cl := p.b.client(t)
+	f := &feeder{produced: make(chan int, len(recs)/chunk+1)}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		defer close(f.produced)
+		for i := 0; i < len(recs); i += chunk {
+			if err := scenario.Produce(context.Background(), cl, p.in, recs[i:min(i+chunk, len(recs))]); err != nil {
+				f.err = err
+				return
+			}
+			f.produced <- min(i+chunk, len(recs))
+			time.Sleep(pause)
+		}
+	}()
+	return f
+}
+
+// until waits until at least n records were produced.
+func (f *feeder) until(n int) {
+	for c := range f.produced {
+		if c >= n {
+			return
+		}
+	}
+}
+
+func (f *feeder) wait(t *testing.T) {
+	t.Helper()
+	for range f.produced {
+	}
+	f.wg.Wait()
+	if f.err != nil {
+		t.Fatal(f.err)
+	}
+}
+
+// output waits until the group has committed the whole input, then reads
+// the output topic and returns it with the exact model of the input.
+func (p *pipeline) output(t *testing.T, recs []*kgo.Record) (want, got scenario.Model) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
+		t.Fatal(err)
+	}
+	out, err := scenario.ReadAll(ctx, p.b.addrs, p.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return scenario.Expect(recs, true), scenario.Observe(out)
+}
+
+// waitMembers waits until the group is stable with n members that each own
+// at least one partition.
+func (p *pipeline) waitMembers(t *testing.T, n int) {
+	t.Helper()
+	adm := p.b.admin(t)
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		groups, err := adm.DescribeGroups(context.Background(), p.group)
+		if err == nil {
+			g := groups[p.group]
+			owning := 0
+			for _, m := range g.Members {
+				if a, ok := m.Assigned.AsConsumer(); ok && len(a.Topics) > 0 && len(a.Topics[0].Partitions) > 0 {
+					owning++
+				}
+			}
+			if g.State == "Stable" && owning == n {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("group %s did not reach %d members owning partitions", p.group, n)
+}
