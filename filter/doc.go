@@ -49,6 +49,6 @@
 // buckets of the newest one (rounded up to a power of two) and inserts there,
 // as RedisBloom's scalable cuckoo filter does. Inserts go to the newest
 // sub-filter; lookups check newest first. The false-positive rate of one
-// sub-filter is about 2*b*load/2^f (paper section 5.2); the chain's is the sum
+// sub-filter is about 2*b*load/2^f (paper section 5.1); the chain's is the sum
 // of its sub-filters' rates, see Stats.EstimatedFPR.
 package filter

@@ -140,7 +140,7 @@ func nextPow2(n uint64) uint64 {
 
 // ExpectedFPR is the false-positive rate bound of one sub-filter with bucket
 // size b, f-bit fingerprints and the given load factor: 2*b*load/2^f (Fan et
-// al. section 5.2: a lookup compares 2b fingerprints, each matching with
+// al. section 5.1: a lookup compares 2b fingerprints, each matching with
 // probability 1/2^f).
 func ExpectedFPR(bucketSize, fingerprintBits int, load float64) float64 {
 	return 2 * float64(bucketSize) * load / float64(uint64(1)<<fingerprintBits)

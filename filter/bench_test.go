@@ -1,0 +1,56 @@
+package filter
+
+import "testing"
+
+// benchChain returns an in-memory chain of 2^20 slots filled to 90% load
+// with keys "k0".."kN" and the number of keys inserted.
+func benchChain(b *testing.B) (*Chain, int) {
+	c, _ := newMem(b, Params{Capacity: 1 << 20})
+	n := (1 << 20) * 9 / 10
+	for i := range n {
+		if err := c.Add(key("k", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return c, n
+}
+
+// BenchmarkChainContains measures lookups at 90% load, half of them hits.
+func BenchmarkChainContains(b *testing.B) {
+	c, n := benchChain(b)
+	keys := make([][]byte, 1<<16)
+	for i := range keys {
+		if i%2 == 0 {
+			keys[i] = key("k", i*7%n)
+		} else {
+			keys[i] = key("absent", i)
+		}
+	}
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		if _, err := c.Contains(keys[i&(len(keys)-1)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkChainInsert measures check-and-insert of new keys into a chain
+// at 90% load (each insert is followed by a delete so the load stays put).
+func BenchmarkChainInsert(b *testing.B) {
+	c, _ := benchChain(b)
+	keys := make([][]byte, 1<<16)
+	for i := range keys {
+		keys[i] = key("new", i)
+	}
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		k := keys[i&(len(keys)-1)]
+		if _, err := c.Insert(k); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.Delete(k); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(c.Stats().SubFilters), "sub-filters")
+}
