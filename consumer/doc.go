@@ -23,8 +23,10 @@
 // checkpoint or group offset ever passes a record whose output was not
 // acknowledged. On assignment a partition resumes from its Badger checkpoint
 // when that is ahead of the group's committed offset (a crash between steps 2
-// and 3). A partition that is lost (session expiry, fencing) drops its
-// uncommitted state without committing.
+// and 3); when it is behind (another member processed the partition
+// meanwhile) the gap is replayed into the filter without forwarding. A
+// partition that is lost (session expiry, fencing) drops its uncommitted
+// state without committing.
 //
 // A storage or produce error stops the worker: Run returns it after the other
 // partitions finish their write batches; the failed partition commits

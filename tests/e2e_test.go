@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -144,4 +145,45 @@ func TestSecondWorkerJoins(t *testing.T) {
 	b.stop(t)
 	extra := requireNothingMissing(t, want, got)
 	t.Logf("with a second worker joining: %d records expected, %d read, %d extra (keys first seen by the other worker)", want.Stats.Forwarded, got.Stats.Forwarded, extra)
+}
+
+// TestPartitionMovesAwayAndBack: worker A decides keys k0..k999, worker B
+// (own data directory) then takes the partitions and applies tombstones for
+// k0..k499, and A takes them back while the keys are re-created. A's local
+// state is behind the group's offset; it must replay B's stretch into its
+// filter (without forwarding) or it would drop the re-created keys as
+// duplicates. The output must be exactly the model's.
+func TestPartitionMovesAwayAndBack(t *testing.T) {
+	p := newPipeline(t, 2)
+	var part1, part2, part3 []*kgo.Record
+	for i := range 1000 {
+		k := fmt.Appendf(nil, "k%d", i)
+		part1 = append(part1, &kgo.Record{Key: k, Value: fmt.Appendf(nil, "v1-%d", i), Timestamp: scenario.Base})
+		if i < 500 {
+			part2 = append(part2, &kgo.Record{Key: k, Timestamp: scenario.Base})
+		}
+		part3 = append(part3, &kgo.Record{Key: k, Value: fmt.Appendf(nil, "v2-%d", i), Timestamp: scenario.Base})
+	}
+	dirA := t.TempDir()
+	step := func(dir string, recs []*kgo.Record) {
+		p.feed(t, recs, len(recs), 0).wait(t)
+		w := p.startWorker(t, dir)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
+			t.Fatal(err)
+		}
+		w.stop(t)
+	}
+	step(dirA, part1)
+	step(t.TempDir(), part2)
+	p.feed(t, part3, len(part3), 0).wait(t)
+	w := p.startWorker(t, dirA)
+	all := append(append(append([]*kgo.Record{}, part1...), part2...), part3...)
+	want, got := p.output(t, all)
+	w.stop(t)
+	requireExact(t, want, got)
+	if want.Stats.Forwarded != 1000+500+500 {
+		t.Fatalf("model forwards %d records, want 2000", want.Stats.Forwarded)
+	}
 }
