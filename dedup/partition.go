@@ -55,7 +55,9 @@ type Options struct {
 	// Empty DeleteHeader disables it.
 	DeleteHeader, DeleteValue string
 	// DropTombstones drops deletes instead of forwarding them (default:
-	// forward, so downstream compacted topics see them).
+	// forward, so downstream compacted topics see them). With a json:PATH
+	// Key a tombstone has no value to read its key from: it is Unkeyed,
+	// forwarded, and deletes nothing; use DeleteHeader to delete there.
 	DropTombstones bool
 	// Filter are the parameters of each partition's chained cuckoo filter.
 	Filter filter.Params
@@ -88,6 +90,8 @@ type Partition struct {
 // when there is none. It returns filter.ErrParams (wrapped) when the stored
 // state was written with other filter parameters or format version, and
 // store or filter corruption errors as they are: state is never wiped.
+// m may be shared by every Partition of the process; nil means unregistered
+// metrics.
 func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics) (*Partition, error) {
 	st, err := db.Partition(topic, partition)
 	if err != nil {
@@ -97,6 +101,9 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("opening filter of %s/%d: %w", topic, partition, err)
+	}
+	if m == nil {
+		m = NewMetrics(nil)
 	}
 	p := &Partition{topic: topic, partition: partition, opts: opts, state: st, chain: chain, m: m.forPartition(topic, partition)}
 	p.m.observe(chain.Stats())
