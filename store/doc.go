@@ -11,8 +11,9 @@
 // After a crash a partition's state is therefore exactly that of its last
 // committed write batch, whose checkpoint says where to resume reading the
 // input. Writes are not fsynced: a killed process loses nothing Badger
-// acknowledged, and a power loss can lose the last write batches but never
-// tear one, which replaying the input from the checkpoint repairs.
+// acknowledged, and after a power loss Badger's replay drops any transaction
+// without its commit marker, so the last write batches may be lost (replaying
+// the input from the checkpoint repairs that) but none is torn.
 //
 // Badger refuses a transaction of 15% of its memtable or more, so Open sizes
 // the memtable for Options.FlushBytes.

@@ -2,7 +2,6 @@ package store
 
 import (
 	"encoding/binary"
-	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -93,5 +92,3 @@ func mustPage(t testing.TB, p *Partition, id filter.PageID) []byte {
 	}
 	return page
 }
-
-func isErr(err, target error) bool { return errors.Is(err, target) }

@@ -93,7 +93,8 @@ type Options struct {
 	// transaction of 15% of its memtable or more, so Open raises MemTableSize
 	// above Badger's default of 64 MiB when FlushBytes needs it, and returns
 	// ErrInvalidOptions when that would exceed 1 GiB (FlushBytes above
-	// roughly 140 MiB with 4 KiB pages).
+	// roughly 140 MiB with 4 KiB pages). Page keys count at their longest (a
+	// 249-byte topic), which dominates with pages of a few hundred bytes.
 	FlushBytes int64
 	// Logger receives the store's logs and Badger's (default slog.Default()).
 	// Badger's info messages are logged at debug level, its debug messages
@@ -247,13 +248,12 @@ func open(opts Options, tn tuning) (*DB, error) {
 		return nil, err
 	}
 	db := &DB{
-		opts:    opts,
-		where:   opts.Dir,
-		logger:  opts.Logger,
-		metrics: newMetrics(opts.Registerer),
-		tuning:  tn,
-		open:    make(map[TopicPartition]struct{}),
-		stopGC:  make(chan struct{}),
+		opts:   opts,
+		where:  opts.Dir,
+		logger: opts.Logger,
+		tuning: tn,
+		open:   make(map[TopicPartition]struct{}),
+		stopGC: make(chan struct{}),
 	}
 	if opts.InMemory {
 		db.where = "memory"
@@ -278,6 +278,8 @@ func open(opts Options, tn tuning) (*DB, error) {
 	if err := db.checkLayout(); err != nil {
 		return nil, errors.Join(err, db.bdb.Close())
 	}
+	// Registered last, so that a failed Open leaves the registry as it was.
+	db.metrics = newMetrics(opts.Registerer)
 	if !opts.InMemory && !opts.ReadOnly {
 		db.gcDone.Add(1)
 		go db.valueLogGC()

@@ -739,6 +739,15 @@ func TestMetrics(t *testing.T) {
 	db1 := openT(t, Options{InMemory: true, PageBytes: 8, FlushBytes: smallFlush, CacheBytes: 8, Registerer: reg1})
 	openT(t, Options{InMemory: true, Registerer: reg2})
 	openT(t, Options{InMemory: true}) // nil Registerer: nothing registered
+	// A failed Open registers nothing, so the next one may use the registry.
+	reg3 := prometheus.NewRegistry()
+	refuse := tuning{gcInterval: gcInterval, badgerOpen: func(badger.Options) (*badger.DB, error) {
+		return nil, errors.New("refused")
+	}}
+	if _, err := open(Options{InMemory: true, Registerer: reg3, Logger: quiet}, refuse); err == nil {
+		t.Fatal("Open with a refusing badger.Open succeeded")
+	}
+	openT(t, Options{InMemory: true, Registerer: reg3})
 
 	p := partitionT(t, db1, "orders", 0)
 	a, b := filter.PageID{Page: 1}, filter.PageID{Page: 2}
