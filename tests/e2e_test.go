@@ -3,6 +3,10 @@ package tests
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -186,4 +190,64 @@ func TestPartitionMovesAwayAndBack(t *testing.T) {
 	if want.Stats.Forwarded != 1000+500+500 {
 		t.Fatalf("model forwards %d records, want 2000", want.Stats.Forwarded)
 	}
+}
+
+// TestBinaryServesAndStopsOnSIGTERM runs the kdedup binary against the
+// broker with records produced by an independent client: /readyz turns
+// ready, /metrics exports the per-partition counters and the write batch
+// latency, SIGTERM makes it commit and exit 0, and the output is exactly the
+// model's.
+func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
+	p := newPipeline(t, 3)
+	recs := stream(5)
+	p.feed(t, recs, len(recs), 0).wait(t)
+	pr := p.startProcess(t, t.TempDir(), "KDEDUP_LOG_LEVEL=info")
+	addr := pr.httpAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := get(t, addr, "/readyz"); code != 200 {
+		t.Fatalf("/readyz answered %d", code)
+	}
+	if code, _ := get(t, addr, "/healthz"); code != 200 {
+		t.Fatalf("/healthz answered %d", code)
+	}
+	_, metrics := get(t, addr, "/metrics")
+	for _, m := range []string{
+		`kdedup_consumed_records_total{partition="0",topic="` + p.in + `"}`,
+		`kdedup_forwarded_records_total{partition="1",topic="` + p.in + `"}`,
+		`kdedup_duplicate_records_total{partition="2",topic="` + p.in + `"}`,
+		`kdedup_delete_records_total{partition="0",topic="` + p.in + `"}`,
+		`kdedup_unkeyed_records_total{partition="0",topic="` + p.in + `"}`,
+		`kdedup_batch_commit_seconds_count`,
+		`kdedup_filter_load_factor{partition="0",topic="` + p.in + `"}`,
+	} {
+		if !strings.Contains(metrics, m) {
+			t.Errorf("/metrics lacks %s", m)
+		}
+	}
+	if err := pr.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := pr.cmd.Wait(); err != nil {
+		t.Fatalf("after SIGTERM: %v", err)
+	}
+	want, got := p.output(t, recs)
+	requireExact(t, want, got)
+}
+
+func get(t *testing.T, addr, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -93,15 +94,37 @@ func (w *worker) stop(t *testing.T) {
 // process is a kdedup worker running as a child process, to be killed.
 type process struct {
 	cmd *exec.Cmd
+	log string
 }
 
-func (p *pipeline) startProcess(t *testing.T, dataDir string) *process {
+var httpAddrRE = regexp.MustCompile(`http=(\S+)`)
+
+// httpAddr waits for the start-up log line (LOG_LEVEL=info) and returns the
+// HTTP address the worker listens on.
+func (p *process) httpAddr(t *testing.T) string {
+	t.Helper()
+	for range 500 {
+		b, _ := os.ReadFile(p.log)
+		if m := httpAddrRE.FindSubmatch(b); m != nil {
+			return string(m[1])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b, _ := os.ReadFile(p.log)
+	t.Fatalf("no http address in the worker's log:\n%s", b)
+	return ""
+}
+
+// startProcess starts the binary with the pipeline's environment; extraEnv
+// (VAR=value) overrides it.
+func (p *pipeline) startProcess(t *testing.T, dataDir string, extraEnv ...string) *process {
 	t.Helper()
 	cmd := exec.Command(binary, "run")
 	cmd.Env = os.Environ()
 	for k, v := range maps.All(p.env(dataDir)) {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
+	cmd.Env = append(cmd.Env, extraEnv...)
 	logf, err := os.Create(filepath.Join(t.TempDir(), "worker.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +133,7 @@ func (p *pipeline) startProcess(t *testing.T, dataDir string) *process {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	pr := &process{cmd: cmd}
+	pr := &process{cmd: cmd, log: logf.Name()}
 	t.Cleanup(func() { pr.kill(); logf.Close() })
 	return pr
 }
