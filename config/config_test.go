@@ -124,7 +124,7 @@ func TestLoadValid(t *testing.T) {
 		{"page min", []string{"KDEDUP_PAGE_BYTES", "512"}, func(c Config) bool { return c.PageBytes == 512 }},
 		{"page max", []string{"KDEDUP_PAGE_BYTES", "64KiB"}, func(c Config) bool { return c.PageBytes == 64*KiB }},
 		{"cache exactly 16 pages", []string{"KDEDUP_PAGE_BYTES", "64KiB", "KDEDUP_CACHE_BYTES", "1MiB"}, func(c Config) bool { return c.CacheBytes == MiB }},
-		{"flush bytes max", []string{"KDEDUP_FLUSH_BYTES", "256 MiB"}, func(c Config) bool { return c.FlushBytes == 256*MiB }},
+		{"flush bytes max", []string{"KDEDUP_FLUSH_BYTES", "128 MiB"}, func(c Config) bool { return c.FlushBytes == 128*MiB }},
 		{"flush interval min", []string{"KDEDUP_FLUSH_INTERVAL", "10ms"}, func(c Config) bool { return c.FlushInterval == 10*time.Millisecond }},
 		{"delete header", []string{"KDEDUP_DELETE_HEADER", "op=delete"}, func(c Config) bool {
 			n, v, ok := c.DeleteHeaderNameValue()
@@ -213,7 +213,7 @@ func TestLoadRejects(t *testing.T) {
 		{"flush interval low", "KDEDUP_FLUSH_INTERVAL", "9ms"},
 		{"flush interval high", "KDEDUP_FLUSH_INTERVAL", "61m"},
 		{"flush bytes below page", "KDEDUP_FLUSH_BYTES", "2KiB"},
-		{"flush bytes high", "KDEDUP_FLUSH_BYTES", "257MiB"},
+		{"flush bytes high", "KDEDUP_FLUSH_BYTES", "129MiB"},
 		{"http no port", "KDEDUP_HTTP_ADDR", "localhost"},
 		{"http bad port", "KDEDUP_HTTP_ADDR", ":http"},
 		{"http port range", "KDEDUP_HTTP_ADDR", ":65536"},
