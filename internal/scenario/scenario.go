@@ -156,14 +156,8 @@ func Signature(r *kgo.Record) string {
 // added; a tombstone removes its key and is forwarded when forwardTombstones;
 // a record without a key is forwarded.
 func Expect(recs []*kgo.Record, forwardTombstones bool) Model {
-	byTP := map[string][]*kgo.Record{}
-	for _, r := range recs {
-		tp := fmt.Sprintf("%s/%d", r.Topic, r.Partition)
-		byTP[tp] = append(byTP[tp], r)
-	}
 	m := Model{PerKey: map[string][]string{}}
-	for _, rs := range byTP {
-		sort.Slice(rs, func(i, j int) bool { return rs[i].Offset < rs[j].Offset })
+	for _, rs := range byPartition(recs) {
 		seen := map[string]bool{}
 		for _, r := range rs {
 			m.Stats.Consumed++
@@ -193,16 +187,23 @@ func Expect(recs []*kgo.Record, forwardTombstones bool) Model {
 	return m
 }
 
-// Observe builds the model of records read from an output topic.
-func Observe(recs []*kgo.Record) Model {
+// byPartition groups records by topic-partition, each group in offset order.
+func byPartition(recs []*kgo.Record) map[string][]*kgo.Record {
 	byTP := map[string][]*kgo.Record{}
 	for _, r := range recs {
 		tp := fmt.Sprintf("%s/%d", r.Topic, r.Partition)
 		byTP[tp] = append(byTP[tp], r)
 	}
-	m := Model{PerKey: map[string][]string{}}
 	for _, rs := range byTP {
 		sort.Slice(rs, func(i, j int) bool { return rs[i].Offset < rs[j].Offset })
+	}
+	return byTP
+}
+
+// Observe builds the model of records read from an output topic.
+func Observe(recs []*kgo.Record) Model {
+	m := Model{PerKey: map[string][]string{}}
+	for _, rs := range byPartition(recs) {
 		for _, r := range rs {
 			m.Stats.Forwarded++
 			if len(r.Key) == 0 {
