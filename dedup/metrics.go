@@ -13,7 +13,7 @@ import (
 // Create one per process with NewMetrics and share it between Partitions;
 // safe for concurrent use.
 type Metrics struct {
-	consumed, forwarded, duplicates, deletes, deletesMissing, unkeyed *prometheus.CounterVec
+	consumed, forwarded, duplicates, deletes, deletesMissing, unkeyed, replayed *prometheus.CounterVec
 
 	commitSeconds prometheus.Histogram
 
@@ -37,6 +37,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		deletes:        counter("kdedup_delete_records_total", "Tombstones and delete-marked records applied to the filter."),
 		deletesMissing: counter("kdedup_delete_missing_total", "Deletes whose key was not in the filter."),
 		unkeyed:        counter("kdedup_unkeyed_records_total", "Records without a usable dedup key, forwarded unchanged."),
+		replayed:       counter("kdedup_replayed_records_total", "Records applied to the filter without forwarding, to rebuild or catch up state from the input topic."),
 		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kdedup_batch_commit_seconds",
 			Help:    "Latency of one write batch (dirty pages, metadata and checkpoint in one Badger transaction).",
@@ -55,8 +56,8 @@ type partitionMetrics struct {
 	m      *Metrics
 	labels []string
 
-	consumed, forwarded, duplicates, deletes, deletesMissing, unkeyed prometheus.Counter
-	commitSeconds                                                     prometheus.Observer
+	consumed, forwarded, duplicates, deletes, deletesMissing, unkeyed, replayed prometheus.Counter
+	commitSeconds                                                               prometheus.Observer
 }
 
 func (m *Metrics) forPartition(topic string, partition int32) partitionMetrics {
@@ -70,6 +71,7 @@ func (m *Metrics) forPartition(topic string, partition int32) partitionMetrics {
 		deletes:        m.deletes.WithLabelValues(l...),
 		deletesMissing: m.deletesMissing.WithLabelValues(l...),
 		unkeyed:        m.unkeyed.WithLabelValues(l...),
+		replayed:       m.replayed.WithLabelValues(l...),
 		commitSeconds:  m.commitSeconds,
 	}
 }

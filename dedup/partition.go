@@ -61,6 +61,10 @@ type Options struct {
 	DropTombstones bool
 	// Filter are the parameters of each partition's chained cuckoo filter.
 	Filter filter.Params
+	// Staged keeps every filter change in an overlay until CommitStaged
+	// (or drops it on DiscardStaged), for exactly-once delivery, where a
+	// Kafka transaction may abort and rewind the input.
+	Staged bool
 }
 
 // Forwards reports whether a record decided d goes to the output topic.
@@ -84,6 +88,18 @@ type Partition struct {
 	chain      *filter.Chain
 	m          partitionMetrics
 	lastKeyErr error
+
+	// With Options.Staged: the overlay holding uncommitted page changes,
+	// the chain metadata as of the last CommitStaged, and the decisions
+	// counted since (metrics only count decisions that took effect).
+	overlay    *filter.Overlay
+	stableMeta []byte
+	tally      tally
+}
+
+// tally counts decisions not yet added to the metrics.
+type tally struct {
+	consumed, forwarded, duplicates, deletes, deletesMissing, unkeyed, replayed int
 }
 
 // Open opens the state of topic/partition in db, or starts an empty filter
@@ -97,7 +113,13 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 	if err != nil {
 		return nil, fmt.Errorf("opening state of %s/%d: %w", topic, partition, err)
 	}
-	chain, err := filter.Open(st.Meta(), opts.Filter, st)
+	var pager filter.Pager = st
+	var overlay *filter.Overlay
+	if opts.Staged {
+		overlay = filter.NewOverlay(st)
+		pager = overlay
+	}
+	chain, err := filter.Open(st.Meta(), opts.Filter, pager)
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("opening filter of %s/%d: %w", topic, partition, err)
@@ -105,7 +127,8 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	p := &Partition{topic: topic, partition: partition, opts: opts, state: st, chain: chain, m: m.forPartition(topic, partition)}
+	p := &Partition{topic: topic, partition: partition, opts: opts, state: st, chain: chain, m: m.forPartition(topic, partition),
+		overlay: overlay, stableMeta: chain.MarshalMeta()}
 	p.m.observe(chain.Stats())
 	return p, nil
 }
@@ -115,12 +138,29 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 // the state cannot be read or grown (storage errors, filter.ErrFull): the
 // partition must then stop without committing, since the decision is unknown.
 func (p *Partition) Decide(r *kgo.Record) (Decision, error) {
-	p.m.consumed.Inc()
+	d, err := p.decide(r)
+	if err == nil {
+		p.count(d)
+	}
+	return d, err
+}
+
+// Replay applies record r to the filter exactly as Decide would, for a
+// record whose output another owner already produced: it counts as replayed,
+// not as consumed or forwarded.
+func (p *Partition) Replay(r *kgo.Record) error {
+	_, err := p.decide(r)
+	if err == nil {
+		p.tally.replayed++
+		p.publish(false)
+	}
+	return err
+}
+
+func (p *Partition) decide(r *kgo.Record) (Decision, error) {
 	key, err := p.opts.Key.Of(r)
 	if err != nil {
 		p.lastKeyErr = err
-		p.m.unkeyed.Inc()
-		p.m.forwarded.Inc()
 		return Unkeyed, nil
 	}
 	if r.Value == nil || p.isDeleteMarker(r) {
@@ -128,12 +168,8 @@ func (p *Partition) Decide(r *kgo.Record) (Decision, error) {
 		if err != nil {
 			return Delete, p.wrap(r, err)
 		}
-		p.m.deletes.Inc()
 		if !found {
-			p.m.deletesMissing.Inc()
-		}
-		if !p.opts.DropTombstones {
-			p.m.forwarded.Inc()
+			p.tally.deletesMissing++
 		}
 		return Delete, nil
 	}
@@ -142,11 +178,79 @@ func (p *Partition) Decide(r *kgo.Record) (Decision, error) {
 		return Forward, p.wrap(r, err)
 	}
 	if !added {
-		p.m.duplicates.Inc()
 		return Duplicate, nil
 	}
-	p.m.forwarded.Inc()
 	return Forward, nil
+}
+
+func (p *Partition) count(d Decision) {
+	t := &p.tally
+	t.consumed++
+	switch d {
+	case Forward:
+		t.forwarded++
+	case Duplicate:
+		t.duplicates++
+	case Delete:
+		t.deletes++
+		if !p.opts.DropTombstones {
+			t.forwarded++
+		}
+	case Unkeyed:
+		t.unkeyed++
+		t.forwarded++
+	}
+	p.publish(false)
+}
+
+// publish adds the tally to the metrics, at once unless decisions are
+// staged, in which case CommitStaged publishes (force).
+func (p *Partition) publish(force bool) {
+	if p.opts.Staged && !force {
+		return
+	}
+	t, m := p.tally, p.m
+	m.consumed.Add(float64(t.consumed))
+	m.forwarded.Add(float64(t.forwarded))
+	m.duplicates.Add(float64(t.duplicates))
+	m.deletes.Add(float64(t.deletes))
+	m.deletesMissing.Add(float64(t.deletesMissing))
+	m.unkeyed.Add(float64(t.unkeyed))
+	m.replayed.Add(float64(t.replayed))
+	p.tally = tally{}
+}
+
+// CommitStaged makes the changes decided since the last CommitStaged or
+// DiscardStaged part of the partition's state (to be persisted by the next
+// Commit), after the Kafka transaction carrying their output committed.
+// Without Options.Staged it does nothing.
+func (p *Partition) CommitStaged() error {
+	if p.overlay == nil {
+		return nil
+	}
+	if err := p.overlay.Commit(); err != nil {
+		return fmt.Errorf("applying staged changes of %s/%d: %w", p.topic, p.partition, err)
+	}
+	p.stableMeta = p.chain.MarshalMeta()
+	p.publish(true)
+	return nil
+}
+
+// DiscardStaged drops the changes decided since the last CommitStaged or
+// DiscardStaged, after their Kafka transaction aborted: the filter is as it
+// was, and the input is consumed again from the committed offset.
+func (p *Partition) DiscardStaged() error {
+	if p.overlay == nil {
+		return nil
+	}
+	p.overlay.Discard()
+	chain, err := filter.Open(p.stableMeta, p.opts.Filter, p.overlay)
+	if err != nil {
+		return fmt.Errorf("restoring the filter of %s/%d: %w", p.topic, p.partition, err)
+	}
+	p.chain = chain
+	p.tally = tally{}
+	return nil
 }
 
 // LastKeyError returns why the most recent Unkeyed record had no key.
@@ -168,7 +272,8 @@ func (p *Partition) wrap(r *kgo.Record, err error) error {
 	return fmt.Errorf("deciding %s/%d offset %d: %w", p.topic, p.partition, r.Offset, err)
 }
 
-// DirtyBytes is the size of the pages changed since the last Commit.
+// DirtyBytes is the size of the pages changed since the last Commit (with
+// Options.Staged: of the changes applied by CommitStaged).
 func (p *Partition) DirtyBytes() int64 { return p.state.DirtyBytes() }
 
 // Checkpoint returns the committed checkpoint: the next input offset the
@@ -181,17 +286,27 @@ func (p *Partition) Stats() filter.Stats { return p.chain.Stats() }
 
 // Commit writes a write batch: every page changed since the last Commit, the
 // chain metadata and cp, in one Badger transaction. cp.Offset must be the
-// offset after the last record decided. On error nothing is applied and the
-// partition must stop (its in-memory state is ahead of what is durable).
+// offset after the last record decided (with Options.Staged: after the last
+// record of a committed transaction; staged changes are not written). On
+// error nothing is applied and the partition must stop (its in-memory state
+// is ahead of what is durable).
 func (p *Partition) Commit(cp store.Checkpoint) error {
 	timer := prometheus.NewTimer(p.m.commitSeconds)
-	err := p.state.Commit(p.chain.MarshalMeta(), cp)
+	err := p.state.Commit(p.stable(), cp)
 	timer.ObserveDuration()
 	if err != nil {
 		return fmt.Errorf("committing %s/%d at offset %d: %w", p.topic, p.partition, cp.Offset, err)
 	}
 	p.m.observe(p.chain.Stats())
 	return nil
+}
+
+// stable is the chain metadata of what Commit may persist.
+func (p *Partition) stable() []byte {
+	if p.overlay != nil {
+		return p.stableMeta
+	}
+	return p.chain.MarshalMeta()
 }
 
 // Close releases the partition's in-memory state. Changes not committed are

@@ -1,0 +1,86 @@
+package filter
+
+// Overlay is a Pager that stages a chain's page changes over another Pager
+// until Commit applies them or Discard drops them. Exactly-once delivery
+// needs it: the filter changes decided in a Kafka transaction take effect
+// only if the transaction commits; an aborted transaction rewinds the input,
+// so its changes must vanish.
+//
+// The first access to a page in a round copies it (the chain modifies pages
+// in place, and the base copy must stay as committed); later accesses reuse
+// the copy. Commit copies the modified pages back into the base pages and
+// marks them dirty there; pages only read are dropped.
+//
+// Not safe for concurrent use.
+type Overlay struct {
+	base     Pager
+	staged   map[PageID][]byte
+	modified map[PageID]struct{}
+	spare    [][]byte // page buffers for reuse
+}
+
+// NewOverlay returns an Overlay over base with nothing staged.
+func NewOverlay(base Pager) *Overlay {
+	return &Overlay{base: base, staged: map[PageID][]byte{}, modified: map[PageID]struct{}{}}
+}
+
+// Page returns the staged copy of page id, copying it from the base on first
+// access since the last Commit or Discard.
+func (o *Overlay) Page(id PageID) ([]byte, error) {
+	if pg, ok := o.staged[id]; ok {
+		return pg, nil
+	}
+	pg, err := o.base.Page(id)
+	if err != nil {
+		return nil, err
+	}
+	var cp []byte
+	if n := len(o.spare); n > 0 && len(o.spare[n-1]) == len(pg) {
+		cp, o.spare = o.spare[n-1], o.spare[:n-1]
+	} else {
+		cp = make([]byte, len(pg))
+	}
+	copy(cp, pg)
+	o.staged[id] = cp
+	return cp, nil
+}
+
+// MarkDirty records that the staged copy of id was modified.
+func (o *Overlay) MarkDirty(id PageID, page []byte) {
+	o.staged[id] = page
+	o.modified[id] = struct{}{}
+}
+
+// Modified returns the number of pages modified since the last Commit or
+// Discard.
+func (o *Overlay) Modified() int { return len(o.modified) }
+
+// Commit writes every modified page into the base Pager (marking it dirty
+// there) and starts a new round. An error comes from the base Pager reading
+// a page; pages already applied stay applied, so the caller must treat the
+// base as unusable (a storage error stops the partition).
+func (o *Overlay) Commit() error {
+	for id := range o.modified {
+		pg, err := o.base.Page(id)
+		if err != nil {
+			return err
+		}
+		copy(pg, o.staged[id])
+		o.base.MarkDirty(id, pg)
+	}
+	o.reset()
+	return nil
+}
+
+// Discard drops every staged change and starts a new round.
+func (o *Overlay) Discard() { o.reset() }
+
+func (o *Overlay) reset() {
+	for id, pg := range o.staged {
+		if len(o.spare) < 1024 {
+			o.spare = append(o.spare, pg)
+		}
+		delete(o.staged, id)
+	}
+	clear(o.modified)
+}
