@@ -33,7 +33,10 @@ type Config struct {
 	OutputTopic       string        `env:"OUTPUT_TOPIC,required" doc:"Topic that receives the first record seen for each key"`
 	Group             string        `env:"GROUP" envDefault:"kdedup" doc:"Consumer group; the workers of one group share the partitions of INPUT_TOPICS"`
 	StartOffset       string        `env:"START_OFFSET" envDefault:"earliest" doc:"Where a partition with no committed offset in the group begins: earliest or latest"`
-	SessionTimeout    time.Duration `env:"SESSION_TIMEOUT" envDefault:"45s" doc:"Consumer group session timeout, 6s to 30m; a worker silent this long loses its partitions to a rebalance"`
+	SessionTimeout    time.Duration `env:"SESSION_TIMEOUT" envDefault:"45s" doc:"Consumer group session timeout, 1s to 30m (brokers enforce group.min.session.timeout.ms, 6s by default); a worker silent this long loses its partitions to a rebalance"`
+	Delivery          string        `env:"DELIVERY" envDefault:"at-least-once" doc:"at-least-once (a crash may forward the records of one flush interval again) or exactly-once (Kafka transactions: output and input offsets commit atomically; read the output with isolation.level=read_committed)"`
+	TransactionalID   string        `env:"TRANSACTIONAL_ID" envDefault:"" doc:"Transactional id with DELIVERY=exactly-once; empty means one unique to this process (KIP-447 fences by group generation, so it need not survive restarts)"`
+	Rebuild           string        `env:"REBUILD" envDefault:"replay" doc:"A partition with no local state: replay (rebuild its filter from the earliest retained input, forwarding nothing, up to the group's offset) or empty (start with an empty filter and accept repeats of keys seen before)"`
 	Key               string        `env:"KEY" envDefault:"" doc:"What makes two records duplicates: empty or key for the record key, header:NAME for the value of header NAME, json:PATH for a gjson path into the JSON record value"`
 	DeleteHeader      string        `env:"DELETE_HEADER" envDefault:"" doc:"NAME=VALUE: a record carrying header NAME with value VALUE deletes its key from the filter; empty disables deletes"`
 	ForwardTombstones bool          `env:"FORWARD_TOMBSTONES" envDefault:"true" doc:"Forward tombstones (records with a null value) to OUTPUT_TOPIC: true or false"`
@@ -69,7 +72,7 @@ const (
 	maxFlushBytes      = 128 * MiB
 	minFlushInterval   = 10 * time.Millisecond
 	maxFlushInterval   = time.Hour
-	minSessionTimeout  = 6 * time.Second
+	minSessionTimeout  = time.Second
 	maxSessionTimeout  = 30 * time.Minute
 	maxTopicNameLength = 249 // Kafka's limit, from org.apache.kafka.common.internals.Topic.
 )
@@ -226,6 +229,15 @@ func (c Config) Validate() error {
 	}
 	if c.StartOffset != "earliest" && c.StartOffset != "latest" {
 		v.add("StartOffset", c.StartOffset, "must be earliest or latest")
+	}
+	if c.Delivery != "at-least-once" && c.Delivery != "exactly-once" {
+		v.add("Delivery", c.Delivery, "must be at-least-once or exactly-once")
+	}
+	if c.Rebuild != "replay" && c.Rebuild != "empty" {
+		v.add("Rebuild", c.Rebuild, "must be replay or empty")
+	}
+	if c.TransactionalID != "" && c.Delivery != "exactly-once" {
+		v.add("TransactionalID", c.TransactionalID, "is only used with KDEDUP_DELIVERY=exactly-once")
 	}
 	if c.SessionTimeout < minSessionTimeout || c.SessionTimeout > maxSessionTimeout {
 		v.add("SessionTimeout", c.SessionTimeout, fmt.Sprintf("must be from %s to %s", formatDuration(minSessionTimeout), formatDuration(maxSessionTimeout)))

@@ -13,7 +13,8 @@ import (
 	"github.com/kdedup/kdedup/store"
 )
 
-// partition is the goroutine that owns one assigned topic-partition.
+// partition owns one assigned topic-partition. At least once it runs its own
+// goroutine (run); exactly once the transaction loop drives it.
 type partition struct {
 	w         *Worker
 	topic     string
@@ -25,30 +26,71 @@ type partition struct {
 	abort chan struct{} // drop uncommitted state, exit
 	done  chan struct{}
 
-	next    store.Checkpoint // offset after the last decided record
-	pending int              // records decided since the last write batch
+	next       store.Checkpoint // offset after the last decided record
+	stableNext store.Checkpoint // exactly once: next as of the last committed transaction
+	flushed    store.Checkpoint // checkpoint of the last write batch
+	lastFlush  time.Time
 
-	// replayUntil is the group's committed offset when the local state was
-	// behind it: records before it were forwarded by an earlier owner, so
-	// they update the filter without being forwarded again.
-	replayUntil int64
+	// Replay: records before replayUntil were forwarded by an earlier
+	// owner; they update the filter without being forwarded again.
+	replayUntil  int64
+	replayFrom   int64
+	replayStart  time.Time
+	replayLogged time.Time
 
+	// At least once: forwarded records not yet acknowledged.
 	inflight sync.WaitGroup
 	prodErr  atomic.Pointer[error]
 	failed   bool
 }
 
 func newPartition(w *Worker, topic string, p int32, d *dedup.Partition) *partition {
-	return &partition{
+	pw := &partition{
 		w: w, topic: topic, partition: p, d: d,
-		in:    make(chan []*kgo.Record, 4),
-		quit:  make(chan struct{}),
-		abort: make(chan struct{}),
-		done:  make(chan struct{}),
+		in:        make(chan []*kgo.Record, 4),
+		quit:      make(chan struct{}),
+		abort:     make(chan struct{}),
+		done:      make(chan struct{}),
+		lastFlush: time.Now(),
 	}
+	if cp, ok := d.Checkpoint(); ok {
+		pw.next, pw.stableNext, pw.flushed = cp, cp, cp
+	}
+	return pw
+}
+
+// startReplay makes records [from, until) state-only. Called from
+// adjustOffsets before any record of the partition is fetched.
+func (pw *partition) startReplay(from, until int64) {
+	pw.replayFrom, pw.replayUntil = from, until
+	pw.replayStart, pw.replayLogged = time.Now(), time.Now()
+	pw.w.m.restoring.Inc()
+	pw.w.log.Info("replaying input into the filter, forwarding nothing", "topic", pw.topic, "partition", pw.partition, "from", from, "until", until)
+}
+
+func (pw *partition) replaying() bool { return !pw.replayStart.IsZero() }
+
+func (pw *partition) endReplay(completed bool) {
+	if !pw.replaying() {
+		return
+	}
+	pw.w.m.restoring.Dec()
+	if completed {
+		d := time.Since(pw.replayStart)
+		pw.w.m.replaySeconds.Observe(d.Seconds())
+		pw.w.log.Info("replay finished", "topic", pw.topic, "partition", pw.partition, "records", pw.replayUntil-pw.replayFrom, "duration", d.Round(time.Millisecond))
+	}
+	pw.replayStart = time.Time{}
 }
 
 func (pw *partition) stop(abort bool) {
+	if pw.w.sess != nil { // driven by the transaction loop, which is not running now
+		if !abort {
+			pw.flush()
+		}
+		pw.close()
+		return
+	}
 	if abort {
 		close(pw.abort)
 	} else {
@@ -56,15 +98,20 @@ func (pw *partition) stop(abort bool) {
 	}
 }
 
+func (pw *partition) close() {
+	pw.endReplay(false)
+	pw.d.Close()
+	close(pw.done)
+}
+
 func (pw *partition) run() {
-	defer close(pw.done)
-	defer pw.d.Close()
+	defer pw.close()
 	tick := time.NewTicker(pw.w.opts.FlushInterval)
 	defer tick.Stop()
 	for {
 		select {
 		case recs := <-pw.in:
-			pw.process(recs) // dropped once failed: the next owner reads them again from the checkpoint
+			pw.process(recs, pw.produce) // dropped once failed: the next owner reads them again from the checkpoint
 		case <-tick.C:
 			pw.flush()
 		case <-pw.abort:
@@ -83,36 +130,46 @@ func (pw *partition) drain() {
 	for {
 		select {
 		case recs := <-pw.in:
-			pw.process(recs)
+			pw.process(recs, pw.produce)
 		default:
 			return
 		}
 	}
 }
 
-func (pw *partition) process(recs []*kgo.Record) {
+// process decides recs in order, handing forwarded ones to produce. At
+// least once it also cuts a write batch when the dirty pages reach
+// FlushBytes.
+func (pw *partition) process(recs []*kgo.Record, produce func(*kgo.Record)) {
 	if pw.failed {
 		return
 	}
 	forwards := pw.w.opts.Forwards
 	for _, r := range recs {
-		d, err := pw.d.Decide(r)
-		if err != nil {
-			pw.fail(err)
-			return
-		}
-		if d == dedup.Unkeyed {
-			pw.w.log.Debug("record cannot be keyed; forwarded unchanged", "topic", pw.topic, "partition", pw.partition, "offset", r.Offset, "reason", pw.d.LastKeyError())
-		}
-		switch {
-		case r.Offset < pw.replayUntil:
-			pw.w.m.replayed.Inc()
-		case forwards(d):
-			pw.produce(r)
+		if r.Offset < pw.replayUntil {
+			if err := pw.d.Replay(r); err != nil {
+				pw.fail(err)
+				return
+			}
+			pw.replayProgress(r.Offset)
+		} else {
+			if pw.replaying() {
+				pw.endReplay(true)
+			}
+			d, err := pw.d.Decide(r)
+			if err != nil {
+				pw.fail(err)
+				return
+			}
+			if d == dedup.Unkeyed {
+				pw.w.log.Debug("record cannot be keyed; forwarded unchanged", "topic", pw.topic, "partition", pw.partition, "offset", r.Offset, "reason", pw.d.LastKeyError())
+			}
+			if forwards(d) {
+				produce(r)
+			}
 		}
 		pw.next = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
-		pw.pending++
-		if pw.d.DirtyBytes() >= pw.w.opts.FlushBytes {
+		if pw.w.sess == nil && pw.d.DirtyBytes() >= pw.w.opts.FlushBytes {
 			pw.flush()
 			if pw.failed {
 				return
@@ -121,14 +178,30 @@ func (pw *partition) process(recs []*kgo.Record) {
 	}
 }
 
-// produce forwards r, keeping its key, value, headers and timestamp; the
-// default partitioner places it by key.
+func (pw *partition) replayProgress(offset int64) {
+	if offset+1 >= pw.replayUntil {
+		pw.endReplay(true)
+		return
+	}
+	if time.Since(pw.replayLogged) >= 5*time.Second {
+		pw.replayLogged = time.Now()
+		pw.w.log.Info("replaying", "topic", pw.topic, "partition", pw.partition, "offset", offset, "until", pw.replayUntil,
+			"done", fmt.Sprintf("%.1f%%", 100*float64(offset-pw.replayFrom)/float64(pw.replayUntil-pw.replayFrom)))
+	}
+}
+
+// output is the record forwarded for r: key, value, headers and timestamp
+// kept; the default partitioner places it by key.
+func output(r *kgo.Record) *kgo.Record {
+	return &kgo.Record{Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
+}
+
+// produce forwards r at least once.
 func (pw *partition) produce(r *kgo.Record) {
-	out := &kgo.Record{Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
 	pw.inflight.Add(1)
 	// Not the worker's context: records already decided must be delivered
 	// (or fail) before the write batch that covers them, even at shutdown.
-	pw.w.cl.Produce(context.Background(), out, func(_ *kgo.Record, err error) {
+	pw.w.cl.Produce(context.Background(), output(r), func(_ *kgo.Record, err error) {
 		if err != nil {
 			pw.w.m.produceErrors.Inc()
 			err = fmt.Errorf("producing record of %s/%d offset %d to %s: %w", pw.topic, pw.partition, r.Offset, pw.w.opts.OutputTopic, err)
@@ -138,11 +211,14 @@ func (pw *partition) produce(r *kgo.Record) {
 	})
 }
 
-// flush cuts a write batch: wait for every forwarded record's ack, commit
-// pages, metadata and checkpoint in one Badger transaction, then mark the
-// offset for the group commit.
+// flush cuts a write batch: (at least once) wait for every forwarded
+// record's ack, commit pages, metadata and checkpoint in one Badger
+// transaction, then (at least once) mark the offset for the group commit.
+// Exactly once it runs between transactions, when every decided record
+// belongs to a committed one.
 func (pw *partition) flush() {
-	if pw.failed || pw.pending == 0 {
+	pw.lastFlush = time.Now()
+	if pw.failed || pw.next == pw.flushed {
 		return
 	}
 	pw.inflight.Wait()
@@ -154,11 +230,13 @@ func (pw *partition) flush() {
 		pw.fail(err)
 		return
 	}
-	pw.pending = 0
+	pw.flushed = pw.next
 	pw.w.m.batches.Inc()
-	pw.w.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{
-		pw.topic: {pw.partition: {Epoch: pw.next.LeaderEpoch, Offset: pw.next.Offset}},
-	})
+	if pw.w.sess == nil {
+		pw.w.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{
+			pw.topic: {pw.partition: {Epoch: pw.next.LeaderEpoch, Offset: pw.next.Offset}},
+		})
+	}
 }
 
 func (pw *partition) fail(err error) {

@@ -5,16 +5,33 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kslog"
 
 	"github.com/kdedup/kdedup/dedup"
+)
+
+// Delivery is the delivery guarantee of forwarded records.
+type Delivery uint8
+
+const (
+	// AtLeastOnce produces forwarded records, and commits the filter state
+	// and offsets after their acks: a crash forwards again at most the
+	// records of one flush interval.
+	AtLeastOnce Delivery = iota
+	// ExactlyOnce produces forwarded records and commits input offsets in
+	// one Kafka transaction (franz-go GroupTransactSession, KIP-447
+	// fencing); filter changes are staged until the transaction commits and
+	// reach Badger after it.
+	ExactlyOnce
 )
 
 // Options configure a Worker. Fields without a stated default are required.
@@ -31,17 +48,34 @@ type Options struct {
 	// of each partition instead of the start (default: start, as Kafka
 	// Streams' auto.offset.reset=earliest).
 	StartAtLatest bool
-	// SessionTimeout is the group session timeout (default 45s).
+	// SessionTimeout is the group session timeout (default 45s). With
+	// ExactlyOnce the transaction timeout is kept below it.
 	SessionTimeout time.Duration
+	// Delivery is the delivery guarantee (default AtLeastOnce).
+	Delivery Delivery
+	// TransactionalID is the transactional id with ExactlyOnce (default:
+	// unique to this process: host name, process id and a random suffix).
+	TransactionalID string
+	// RebuildEmpty starts a partition that has no local state with an empty
+	// filter at the group's offset, accepting repeats of keys seen before.
+	// By default its filter is rebuilt by replaying the input from the
+	// earliest retained offset up to the group's offset, forwarding nothing.
+	RebuildEmpty bool
 	// FlushInterval is the longest time between write batches of a
 	// partition, and the group commit interval (default 1s). It bounds what a
-	// crash can forward twice.
+	// crash can forward twice at least once, and what recovery replays.
 	FlushInterval time.Duration
 	// FlushBytes cuts a write batch early when a partition's dirty pages
 	// reach it (default 8 MiB). It must fit in one Badger transaction.
 	FlushBytes int64
+	// PageBytes is the filter page size (default 4096). With ExactlyOnce a
+	// transaction covers at most FlushBytes/PageBytes/2 records, so that the
+	// pages it dirties fit in a write batch.
+	PageBytes int
 	// Open opens the deduplicator of an assigned topic-partition. It is
-	// called from the group's callbacks, one partition at a time.
+	// called from the group's callbacks, one partition at a time; with
+	// ExactlyOnce the deduplicator must stage its changes
+	// (dedup.Options.Staged).
 	Open func(topic string, partition int32) (*dedup.Partition, error)
 	// Forwards reports whether a decision's record goes to the output topic
 	// (dedup.Options.Forwards).
@@ -69,13 +103,21 @@ func (o Options) withDefaults() Options {
 	if o.FlushBytes == 0 {
 		o.FlushBytes = 8 << 20
 	}
+	if o.PageBytes == 0 {
+		o.PageBytes = 4096
+	}
+	if o.TransactionalID == "" {
+		host, _ := os.Hostname()
+		o.TransactionalID = fmt.Sprintf("kdedup-%s-%d-%08x", host, os.Getpid(), time.Now().UnixNano()&0xffffffff)
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	return o
 }
 
-// pollRecords bounds one poll; the partition goroutines take batches of it.
+// pollRecords bounds one poll at least once; the partition goroutines take
+// batches of it.
 const pollRecords = 10_000
 
 // Worker is one member of the dedup consumer group. Create it with New and
@@ -86,6 +128,7 @@ type Worker struct {
 	m    metrics
 
 	cl    *kgo.Client
+	sess  *kgo.GroupTransactSession // ExactlyOnce only
 	ready atomic.Bool
 
 	mu      sync.Mutex
@@ -150,9 +193,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		kgo.ConsumeResetOffset(start),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.SessionTimeout(w.opts.SessionTimeout),
+		kgo.HeartbeatInterval(min(3*time.Second, w.opts.SessionTimeout/3)),
 		kgo.BlockRebalanceOnPoll(),
-		kgo.AutoCommitMarks(),
-		kgo.AutoCommitInterval(w.opts.FlushInterval),
 		kgo.OnPartitionsAssigned(w.assigned),
 		kgo.OnPartitionsRevoked(w.revoked),
 		kgo.OnPartitionsLost(w.lost),
@@ -160,11 +202,26 @@ func (w *Worker) Run(ctx context.Context) error {
 		kgo.DefaultProduceTopic(w.opts.OutputTopic),
 		kgo.WithLogger(kslog.New(w.log)),
 	}
-	cl, err := kgo.NewClient(append(opts, w.opts.ClientOpts...)...)
-	if err != nil {
-		return fmt.Errorf("creating kafka client: %w", err)
+	if w.opts.Delivery == ExactlyOnce {
+		opts = append(opts,
+			kgo.TransactionalID(w.opts.TransactionalID),
+			// A transaction must end before the session can expire, so
+			// that a member kicked from the group cannot commit late.
+			kgo.TransactionTimeout(min(40*time.Second, w.opts.SessionTimeout*3/4)),
+		)
+		sess, err := kgo.NewGroupTransactSession(append(opts, w.opts.ClientOpts...)...)
+		if err != nil {
+			return fmt.Errorf("creating kafka transactional client: %w", err)
+		}
+		w.sess, w.cl = sess, sess.Client()
+	} else {
+		opts = append(opts, kgo.AutoCommitMarks(), kgo.AutoCommitInterval(w.opts.FlushInterval))
+		cl, err := kgo.NewClient(append(opts, w.opts.ClientOpts...)...)
+		if err != nil {
+			return fmt.Errorf("creating kafka client: %w", err)
+		}
+		w.cl = cl
 	}
-	w.cl = cl
 
 	pollCtx, cancel := context.WithCancel(ctx)
 	w.mu.Lock()
@@ -172,19 +229,35 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Unlock()
 	defer cancel()
 
-	for {
-		fetches := cl.PollRecords(pollCtx, pollRecords)
-		if fetches.IsClientClosed() || pollCtx.Err() != nil {
-			break
-		}
-		fetches.EachError(func(topic string, partition int32, err error) {
-			w.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
-		})
-		fetches.EachPartition(w.dispatch)
-		cl.AllowRebalance()
+	if w.sess != nil {
+		w.transactLoop(pollCtx)
+	} else {
+		w.pollLoop(pollCtx)
 	}
-	cl.AllowRebalance()
+	w.cl.AllowRebalance()
 	return w.shutdown()
+}
+
+// pollLoop is the at-least-once loop: poll and hand records to the
+// partition goroutines, which produce, flush and mark offsets themselves.
+func (w *Worker) pollLoop(ctx context.Context) {
+	for {
+		fetches := w.cl.PollRecords(ctx, pollRecords)
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			return
+		}
+		w.logFetchErrors(fetches)
+		fetches.EachPartition(w.dispatch)
+		w.cl.AllowRebalance()
+	}
+}
+
+func (w *Worker) logFetchErrors(fetches kgo.Fetches) {
+	fetches.EachError(func(topic string, partition int32, err error) {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			w.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
+		}
+	})
 }
 
 // dispatch hands a polled batch to its partition's goroutine. It runs with
@@ -194,9 +267,7 @@ func (w *Worker) dispatch(p kgo.FetchTopicPartition) {
 	if len(p.Records) == 0 {
 		return
 	}
-	w.mu.Lock()
-	pw := w.parts[topicPartition{p.Topic, p.Partition}]
-	w.mu.Unlock()
+	pw := w.partition(p.Topic, p.Partition)
 	if pw == nil {
 		w.log.Error("records for a partition without state; they will be consumed again by its owner", "topic", p.Topic, "partition", p.Partition)
 		return
@@ -205,6 +276,12 @@ func (w *Worker) dispatch(p kgo.FetchTopicPartition) {
 	case pw.in <- p.Records:
 	case <-pw.done:
 	}
+}
+
+func (w *Worker) partition(topic string, p int32) *partition {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.parts[topicPartition{topic, p}]
 }
 
 // fail records the first fatal error and stops polling.
@@ -236,8 +313,10 @@ func (w *Worker) shutdown() error {
 	ctx, cancel := context.WithTimeout(context.Background(), w.opts.SessionTimeout)
 	defer cancel()
 	w.stopPartitions(all, false)
-	if err := w.cl.CommitMarkedOffsets(ctx); err != nil {
-		w.log.Warn("committing group offsets at shutdown; the next owner resumes from the Badger checkpoint", "err", err)
+	if w.sess == nil {
+		if err := w.cl.CommitMarkedOffsets(ctx); err != nil {
+			w.log.Warn("committing group offsets at shutdown; the next owner resumes from the Badger checkpoint", "err", err)
+		}
 	}
 	w.cl.Close()
 	w.log.Info("left the group")
@@ -265,7 +344,9 @@ func (w *Worker) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 			w.mu.Lock()
 			w.parts[topicPartition{topic, p}] = pw
 			w.mu.Unlock()
-			go pw.run()
+			if w.sess == nil {
+				go pw.run()
+			}
 			w.m.assigned.Inc()
 			w.log.Info("partition assigned", "topic", topic, "partition", p)
 		}
@@ -273,42 +354,67 @@ func (w *Worker) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 	w.ready.Store(true)
 }
 
-// adjustOffsets resumes each newly assigned partition from its Badger
-// checkpoint when it has one that differs from the group's committed offset.
-// Ahead: the records in between were forwarded and acknowledged, and the
-// worker stopped before the group commit. Behind: they were processed by
-// another member; they are replayed into the filter without being forwarded.
-// A partition without local state starts at the group's offset with an empty
-// filter: it may forward repeats of keys seen before that offset, never
-// drop a record.
-func (w *Worker) adjustOffsets(_ context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+// adjustOffsets chooses where each newly assigned partition starts, from
+// its Badger checkpoint and the group's committed offset:
+//
+//   - equal: resume;
+//   - checkpoint ahead (a crash between the Badger and the group commit, at
+//     least once): resume from the checkpoint, the records in between were
+//     forwarded and acknowledged;
+//   - checkpoint behind (the partition was processed elsewhere meanwhile, or
+//     an exactly-once crash after the Kafka commit): replay the gap into
+//     the filter without forwarding, then resume;
+//   - no local state and a committed offset: rebuild by replaying from the
+//     earliest retained offset, or with RebuildEmpty start empty at the
+//     group's offset.
+//
+// A replay that starts before the earliest retained offset is partial: it
+// starts there, logs the offsets lost and counts a partial rebuild.
+func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	var starts kadm.ListedOffsets
 	for topic, ps := range offsets {
 		for p, o := range ps {
-			pw := w.parts[topicPartition{topic, p}]
+			pw := w.partition(topic, p)
 			if pw == nil {
 				continue
 			}
+			group := o.EpochOffset().Offset // negative: no committed offset
 			cp, ok := pw.d.Checkpoint()
-			if !ok {
+			from := int64(-1)
+			switch {
+			case ok && (group < 0 || cp.Offset >= group):
+				if cp.Offset != group {
+					w.log.Info("resuming from the local checkpoint", "topic", topic, "partition", p, "offset", cp.Offset, "group_offset", group)
+				}
+				ps[p] = kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch)
+				continue
+			case group < 0:
+				continue // nothing committed, no state: start at the reset offset, empty
+			case ok:
+				from = cp.Offset
+			case w.opts.RebuildEmpty:
+				w.log.Info("no local state: starting with an empty filter (KDEDUP_REBUILD=empty)", "topic", topic, "partition", p, "group_offset", group)
+				continue
+			default:
+				from = 0
+			}
+			if starts == nil {
+				var err error
+				if starts, err = kadm.NewClient(w.cl).ListStartOffsets(ctx, w.opts.InputTopics...); err != nil {
+					return nil, fmt.Errorf("listing start offsets to plan a replay: %w", err)
+				}
+			}
+			if s, found := starts.Lookup(topic, p); found && s.Err == nil && s.Offset > from {
+				w.m.partialRebuilds.Inc()
+				w.log.Warn("replay is partial: the input before the earliest retained offset is gone, so keys first seen there are not in the filter and deletes there are not applied",
+					"topic", topic, "partition", p, "lost_from", from, "lost_to", s.Offset)
+				from = s.Offset
+			}
+			if from >= group {
 				continue
 			}
-			group := o.EpochOffset().Offset // negative: no committed offset
-			switch {
-			case group < 0 || cp.Offset > group:
-				ps[p] = kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch)
-				w.log.Info("resuming from the local checkpoint", "topic", topic, "partition", p, "offset", cp.Offset, "group_offset", group)
-			case cp.Offset < group:
-				// Another member processed [cp, group) meanwhile. Resuming
-				// at group with this state could drop a key deleted in the
-				// gap; replaying the gap without forwarding makes the state
-				// what it would be had this worker never stopped.
-				ps[p] = kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch)
-				pw.replayUntil = group
-				w.log.Info("replaying the records processed elsewhere since the local checkpoint (state only, nothing forwarded)",
-					"topic", topic, "partition", p, "offset", cp.Offset, "group_offset", group)
-			}
+			ps[p] = kgo.NewOffset().At(from)
+			pw.startReplay(from, group)
 		}
 	}
 	return offsets, nil
@@ -317,7 +423,7 @@ func (w *Worker) adjustOffsets(_ context.Context, offsets map[string]map[int32]k
 // revoked finishes and commits the revoked partitions' write batches, then
 // commits their group offsets before the partitions move.
 func (w *Worker) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
-	if n := w.stopPartitions(revoked, false); n == 0 {
+	if n := w.stopPartitions(revoked, false); n == 0 || w.sess != nil {
 		return
 	}
 	if err := cl.CommitMarkedOffsets(ctx); err != nil {
@@ -331,9 +437,9 @@ func (w *Worker) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32)
 	w.stopPartitions(lost, true)
 }
 
-// stopPartitions stops the goroutines of the given partitions and waits for
-// them: abort drops uncommitted state, otherwise each finishes its queued
-// records and commits a last write batch. It returns how many it stopped.
+// stopPartitions stops the given partitions and waits for them: abort drops
+// uncommitted state, otherwise each finishes its queued records and commits
+// a last write batch. It returns how many it stopped.
 func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) int {
 	var stopping []*partition
 	w.mu.Lock()
@@ -359,20 +465,28 @@ func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) int {
 }
 
 type metrics struct {
-	assigned      prometheus.Gauge
-	produceErrors prometheus.Counter
-	batches       prometheus.Counter
-	replayed      prometheus.Counter
+	assigned        prometheus.Gauge
+	restoring       prometheus.Gauge
+	replaySeconds   prometheus.Histogram
+	partialRebuilds prometheus.Counter
+	produceErrors   prometheus.Counter
+	batches         prometheus.Counter
+	txns            *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
 	f := promauto.With(reg)
 	return metrics{
-		assigned: f.NewGauge(prometheus.GaugeOpts{Name: "kdedup_partitions_assigned", Help: "Topic-partitions this worker owns."}),
+		assigned:  f.NewGauge(prometheus.GaugeOpts{Name: "kdedup_partitions_assigned", Help: "Topic-partitions this worker owns."}),
+		restoring: f.NewGauge(prometheus.GaugeOpts{Name: "kdedup_partitions_restoring", Help: "Partitions replaying input into their filter before forwarding again."}),
+		replaySeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_replay_duration_seconds",
+			Help: "Time from assignment to the end of a partition's replay.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}),
+		partialRebuilds: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_partial_rebuilds_total",
+			Help: "Replays that could not start where they had to because the input was no longer retained."}),
 		produceErrors: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_produce_errors_total",
-			Help: "Forwarded records the output topic did not acknowledge (each stops the worker without committing)."}),
+			Help: "Forwarded records the output topic did not acknowledge (at least once: each stops the worker without committing; exactly once: each aborts the transaction)."}),
 		batches: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_write_batches_total", Help: "Write batches committed to Badger."}),
-		replayed: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_replayed_records_total",
-			Help: "Records applied to the filter without forwarding, to catch up with offsets another member processed."}),
+		txns: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_transactions_total",
+			Help: "Kafka transactions ended, by outcome (committed, aborted); exactly-once only."}, []string{"outcome"}),
 	}
 }

@@ -61,14 +61,18 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	dm := dedup.NewMetrics(reg)
 	kp := kprom.NewMetrics("kdedup", kprom.Registerer(reg), kprom.Gatherer(reg))
 	w, err := consumer.New(consumer.Options{
-		Brokers:        cfg.Brokers,
-		InputTopics:    cfg.InputTopics,
-		OutputTopic:    cfg.OutputTopic,
-		Group:          cfg.Group,
-		StartAtLatest:  cfg.StartOffset == "latest",
-		SessionTimeout: cfg.SessionTimeout,
-		FlushInterval:  cfg.FlushInterval,
-		FlushBytes:     int64(cfg.FlushBytes),
+		Brokers:         cfg.Brokers,
+		InputTopics:     cfg.InputTopics,
+		OutputTopic:     cfg.OutputTopic,
+		Group:           cfg.Group,
+		StartAtLatest:   cfg.StartOffset == "latest",
+		SessionTimeout:  cfg.SessionTimeout,
+		Delivery:        delivery(cfg),
+		TransactionalID: cfg.TransactionalID,
+		RebuildEmpty:    cfg.Rebuild == "empty",
+		FlushInterval:   cfg.FlushInterval,
+		FlushBytes:      int64(cfg.FlushBytes),
+		PageBytes:       int(cfg.PageBytes),
 		Open: func(topic string, partition int32) (*dedup.Partition, error) {
 			return dedup.Open(db, topic, partition, dopts, dm)
 		},
@@ -87,7 +91,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	}
 	srv := &http.Server{Handler: httpHandler(reg, w.Ready), ReadHeaderTimeout: 10 * time.Second}
 	log.Info("starting", "http", ln.Addr().String(), "brokers", strings.Join(cfg.Brokers, ","),
-		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "group", cfg.Group, "data_dir", cfg.DataDir)
+		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "group", cfg.Group, "delivery", cfg.Delivery, "data_dir", cfg.DataDir)
 	if started != nil {
 		started(ln.Addr().String())
 	}
@@ -142,6 +146,7 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 		DeleteHeader:   name,
 		DeleteValue:    value,
 		DropTombstones: !cfg.ForwardTombstones,
+		Staged:         delivery(cfg) == consumer.ExactlyOnce,
 		Filter: filter.Params{
 			FingerprintBits: cfg.FingerprintBits,
 			BucketSize:      cfg.BucketSize,
@@ -151,6 +156,13 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 			PageBytes:       int(cfg.PageBytes),
 		},
 	}, nil
+}
+
+func delivery(cfg config.Config) consumer.Delivery {
+	if cfg.Delivery == "exactly-once" {
+		return consumer.ExactlyOnce
+	}
+	return consumer.AtLeastOnce
 }
 
 func httpHandler(reg *prometheus.Registry, ready func() bool) http.Handler {

@@ -1,0 +1,147 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// transactLoop is the exactly-once loop. Each poll is one Kafka transaction:
+// decide the polled records (filter changes staged in an overlay), produce
+// the forwarded ones in the transaction, and end it, which commits the
+// consumed offsets with the output. Only if it committed do the staged
+// changes become part of the filter; on abort they are dropped and franz-go
+// rewinds the input to the committed offsets, so the same records are
+// decided again. Write batches go to Badger between transactions, so a
+// checkpoint never covers an uncommitted transaction; a crash after a Kafka
+// commit and before the write batch leaves Badger behind, which recovery
+// replays.
+//
+// Rebalance callbacks run between iterations (BlockRebalanceOnPoll); a
+// member fenced mid-transaction (session expired, KIP-447 generation check)
+// fails the offset commit, and End aborts.
+func (w *Worker) transactLoop(ctx context.Context) {
+	// One transaction's dirtied pages must fit in half a write batch: each
+	// record dirties at most one page.
+	maxRecords := int(max(1, min(pollRecords, w.opts.FlushBytes/int64(w.opts.PageBytes)/2)))
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, w.opts.FlushInterval)
+		fetches := w.sess.PollRecords(pctx, maxRecords)
+		cancel()
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			return
+		}
+		w.logFetchErrors(fetches)
+		if fetches.NumRecords() > 0 {
+			if err := w.transact(ctx, fetches); err != nil {
+				w.fail(err)
+				return
+			}
+		}
+		w.flushDue()
+		w.sess.AllowRebalance()
+	}
+}
+
+// transact runs one transaction over the polled records.
+func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
+	if err := w.sess.Begin(); err != nil {
+		return fmt.Errorf("beginning a transaction: %w", err)
+	}
+	var (
+		mu      sync.Mutex
+		prodErr error
+		touched []*partition
+		failed  error
+	)
+	produce := func(r *kgo.Record) {
+		w.sess.Produce(ctx, output(r), func(_ *kgo.Record, err error) {
+			if err != nil {
+				w.m.produceErrors.Inc()
+				mu.Lock()
+				prodErr = errors.Join(prodErr, err)
+				mu.Unlock()
+			}
+		})
+	}
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 || failed != nil {
+			return
+		}
+		pw := w.partition(p.Topic, p.Partition)
+		if pw == nil {
+			return // not ours any more; the transaction carries no output for it
+		}
+		touched = append(touched, pw)
+		pw.process(p.Records, produce)
+		if pw.failed {
+			failed = fmt.Errorf("partition %s/%d failed", p.Topic, p.Partition)
+		}
+	})
+
+	// End flushes the produced records first; their promises have all
+	// run when it returns.
+	try := kgo.TryCommit
+	if failed != nil {
+		try = kgo.TryAbort
+	}
+	endCtx, cancel := context.WithTimeout(context.Background(), w.opts.SessionTimeout)
+	committed, err := w.sess.End(endCtx, try)
+	cancel()
+	mu.Lock()
+	if prodErr != nil {
+		w.log.Warn("producing in a transaction failed; it was aborted and the input will be decided again", "err", prodErr)
+	}
+	mu.Unlock()
+	if err != nil {
+		w.log.Warn("ending a transaction failed; treated as aborted", "err", err)
+		committed = false
+	}
+	outcome := "aborted"
+	if committed {
+		outcome = "committed"
+	}
+	w.m.txns.WithLabelValues(outcome).Inc()
+	for _, pw := range touched {
+		var err error
+		if committed {
+			pw.stableNext = pw.next
+			err = pw.d.CommitStaged()
+		} else {
+			pw.next = pw.stableNext
+			err = pw.d.DiscardStaged()
+			if pw.replayUntil > 0 && !pw.replaying() && pw.next.Offset < pw.replayUntil {
+				pw.replayStart = time.Now() // the rewind goes back into the replayed stretch
+				pw.w.m.restoring.Inc()
+			}
+		}
+		if err != nil {
+			pw.fail(err)
+		}
+	}
+	if failed != nil {
+		return failed
+	}
+	return nil
+}
+
+// flushDue cuts the write batches that are due: after FlushInterval, or when
+// the dirty pages reach half of FlushBytes (a transaction adds at most the
+// other half).
+func (w *Worker) flushDue() {
+	w.mu.Lock()
+	parts := make([]*partition, 0, len(w.parts))
+	for _, pw := range w.parts {
+		parts = append(parts, pw)
+	}
+	w.mu.Unlock()
+	for _, pw := range parts {
+		if time.Since(pw.lastFlush) >= w.opts.FlushInterval || pw.d.DirtyBytes() >= w.opts.FlushBytes/2 {
+			pw.flush()
+		}
+	}
+}
