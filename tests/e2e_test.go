@@ -118,12 +118,13 @@ func TestKillLosesNothing(t *testing.T) {
 	recs := stream(3)
 	dir := t.TempDir()
 	f := p.feed(t, recs, 100, 10*time.Millisecond)
-	pr := p.startProcess(t, dir)
+	pr := p.startProcess(t, dir, "KDEDUP_LOG_LEVEL=info")
 	for _, at := range []int{len(recs) / 3, 2 * len(recs) / 3} {
+		pr.waitReady(t)
 		f.until(at)
 		time.Sleep(300 * time.Millisecond) // let it decide and forward some
 		pr.kill()
-		pr = p.startProcess(t, dir)
+		pr = p.startProcess(t, dir, "KDEDUP_LOG_LEVEL=info")
 	}
 	f.wait(t)
 	want, got := p.output(t, recs)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,6 +100,24 @@ type process struct {
 
 var httpAddrRE = regexp.MustCompile(`http=(\S+)`)
 
+// waitReady waits until the worker answers /readyz with 200: it has joined
+// the group and opened its partitions' state. (Killing a member in the
+// middle of its first join leaves kfake with a member that never expires.)
+func (p *process) waitReady(t *testing.T) {
+	t.Helper()
+	addr := p.httpAddr(t)
+	for range 3000 {
+		if resp, err := http.Get("http://" + addr + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("worker not ready within 60s")
+}
+
 // httpAddr waits for the start-up log line (LOG_LEVEL=info) and returns the
 // HTTP address the worker listens on.
 func (p *process) httpAddr(t *testing.T) string {
@@ -134,7 +153,14 @@ func (p *pipeline) startProcess(t *testing.T, dataDir string, extraEnv ...string
 		t.Fatal(err)
 	}
 	pr := &process{cmd: cmd, log: logf.Name()}
-	t.Cleanup(func() { pr.kill(); logf.Close() })
+	t.Cleanup(func() {
+		pr.kill()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("log of worker process %d:\n%s", cmd.Process.Pid, b)
+		}
+	})
 	return pr
 }
 

@@ -335,24 +335,38 @@ func WaitCaughtUp(ctx context.Context, adm *kadm.Client, group, topic string) er
 	}
 }
 
-// ReadAll reads topic from its start to its current end offsets with
-// read_committed isolation.
+// EndMarkerKey is the key of the marker records ReadAll appends to each
+// partition of the topic it reads; readers of a topic ReadAll has read must
+// skip them.
+const EndMarkerKey = "__kdedup_scenario_end__"
+
+// ReadAll reads every record of topic with read_committed isolation, up to
+// what was there when it was called. It appends a marker record to each
+// partition and reads until it has seen all of them: under transactions the
+// last offset of a partition is a commit marker that no consumer sees, so
+// end offsets alone cannot tell when the reading is done. Marker records
+// (earlier calls' too) are left out of the result.
 func ReadAll(ctx context.Context, brokers []string, topic string) ([]*kgo.Record, error) {
-	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		return nil, err
 	}
-	ends, err := kadm.NewClient(adm).ListEndOffsets(ctx, topic)
-	adm.Close()
+	ends, err := kadm.NewClient(prod).ListEndOffsets(ctx, topic)
 	if err != nil {
-		return nil, fmt.Errorf("listing end offsets of %s: %w", topic, err)
+		prod.Close()
+		return nil, fmt.Errorf("listing partitions of %s: %w", topic, err)
 	}
-	want := map[int32]int64{}
+	marker := fmt.Appendf(nil, "%d", time.Now().UnixNano())
+	var markers []*kgo.Record
 	ends.Each(func(e kadm.ListedOffset) {
-		if e.Offset > 0 {
-			want[e.Partition] = e.Offset
-		}
+		markers = append(markers, &kgo.Record{Topic: topic, Partition: e.Partition, Key: []byte(EndMarkerKey), Value: marker})
 	})
+	err = prod.ProduceSync(ctx, markers...).FirstErr()
+	prod.Close()
+	if err != nil {
+		return nil, fmt.Errorf("appending end markers to %s: %w", topic, err)
+	}
+
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
@@ -360,17 +374,16 @@ func ReadAll(ctx context.Context, brokers []string, topic string) ([]*kgo.Record
 	}
 	defer cl.Close()
 	var out []*kgo.Record
-	for len(want) > 0 {
+	for open := len(markers); open > 0; {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("reading %s: %w", topic, err)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			if end, ok := want[r.Partition]; ok && r.Offset < end {
+			if string(r.Key) != EndMarkerKey {
 				out = append(out, r)
-				if r.Offset == end-1 {
-					delete(want, r.Partition)
-				}
+			} else if string(r.Value) == string(marker) {
+				open--
 			}
 		})
 	}
