@@ -233,6 +233,7 @@ func (p *Partition) CommitStaged() error {
 	}
 	p.stableMeta = p.chain.MarshalMeta()
 	p.publish(true)
+	p.m.observe(p.chain.Stats())
 	return nil
 }
 

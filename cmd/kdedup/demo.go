@@ -25,55 +25,92 @@ import (
 
 // demoCmd starts an in-process Kafka-protocol broker (franz-go's kfake),
 // produces a realistic stream, runs the real worker against it, and checks
-// the output against the exact model.
+// the output against the exact model; with -delivery both it does so for
+// each delivery mode on the same stream and compares their throughput.
 func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	keys := fs.Int("keys", 50_000, "distinct keys in the generated stream")
-	partitions := fs.Int("partitions", 4, "partitions of the input and output topics")
-	bits := fs.Int("fingerprint-bits", 32, "fingerprint width; 32 makes a false drop in the demo improbable (about 1e-9 per lookup), so the output can be checked exactly")
-	verbose := fs.Bool("v", false, "show the worker's info logs")
+	var o demoOptions
+	fs.IntVar(&o.keys, "keys", 50_000, "distinct keys in the generated stream")
+	fs.IntVar(&o.partitions, "partitions", 4, "partitions of the input and output topics")
+	fs.IntVar(&o.bits, "fingerprint-bits", 32, "fingerprint width; 32 makes a false drop in the demo improbable (about 1e-9 per lookup), so the output can be checked exactly")
+	delivery := fs.String("delivery", "at-least-once", "at-least-once, exactly-once, or both (runs each on the same stream and compares records/s)")
+	fs.BoolVar(&o.verbose, "v", false, "show the worker's info logs")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	const in, out, group = "events", "events-dedup", "kdedup-demo"
+	modes := []string{*delivery}
+	switch *delivery {
+	case "at-least-once", "exactly-once":
+	case "both":
+		modes = []string{"at-least-once", "exactly-once"}
+	default:
+		return fmt.Errorf("%w: -delivery %q: want at-least-once, exactly-once or both", errUsage, *delivery)
+	}
+	recs := scenario.Generate(scenario.Options{Keys: o.keys})
+	rates := map[string]float64{}
+	for _, mode := range modes {
+		o.delivery = mode
+		rate, err := runDemo(ctx, o, recs, stdout, stderr)
+		if err != nil {
+			return err
+		}
+		rates[mode] = rate
+	}
+	if len(modes) == 2 {
+		alo, eos := rates["at-least-once"], rates["exactly-once"]
+		fmt.Fprintf(stdout, "\nsame stream, same machine: at-least-once %.0f records/s, exactly-once %.0f records/s (%.2fx)\n", alo, eos, eos/alo)
+	}
+	return nil
+}
 
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(*partitions), in, out))
+type demoOptions struct {
+	keys, partitions, bits int
+	delivery               string
+	verbose                bool
+}
+
+// runDemo runs one demo on a fresh in-process broker and returns the
+// worker's records/s.
+func runDemo(ctx context.Context, o demoOptions, recs []*kgo.Record, stdout, stderr io.Writer) (float64, error) {
+	const in, out, group = "events", "events-dedup", "kdedup-demo"
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(o.partitions), in, out))
 	if err != nil {
-		return fmt.Errorf("starting in-process broker: %w", err)
+		return 0, fmt.Errorf("starting in-process broker: %w", err)
 	}
 	defer cluster.Close()
 	brokers := cluster.ListenAddrs()
 
-	recs := scenario.Generate(scenario.Options{Keys: *keys})
+	recs = cloneRecords(recs)
 	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	err = scenario.Produce(ctx, prod, in, recs)
 	prod.Close()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	want := scenario.Expect(recs, true)
-	fmt.Fprintf(stdout, "produced %d records to %s (%d partitions): %d distinct keys with producer retries, replays, hot keys, tombstones and unkeyed records\n",
-		len(recs), in, *partitions, *keys)
+	fmt.Fprintf(stdout, "== %s: produced %d records to %s (%d partitions): %d distinct keys with producer retries, replays, hot keys, tombstones and unkeyed records\n",
+		o.delivery, len(recs), in, o.partitions, o.keys)
 
 	dir, err := os.MkdirTemp("", "kdedup-demo-")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer os.RemoveAll(dir)
 	cfg, err := config.LoadFrom(map[string]string{
 		"KDEDUP_BROKERS": brokers[0], "KDEDUP_INPUT_TOPICS": in, "KDEDUP_OUTPUT_TOPIC": out, "KDEDUP_GROUP": group,
-		"KDEDUP_DATA_DIR": dir, "KDEDUP_HTTP_ADDR": "127.0.0.1:0", "KDEDUP_FINGERPRINT_BITS": strconv.Itoa(*bits),
-		"KDEDUP_LOG_FORMAT": "text", "KDEDUP_LOG_LEVEL": map[bool]string{true: "info", false: "warn"}[*verbose],
+		"KDEDUP_DATA_DIR": dir, "KDEDUP_HTTP_ADDR": "127.0.0.1:0", "KDEDUP_FINGERPRINT_BITS": strconv.Itoa(o.bits),
+		"KDEDUP_DELIVERY":   o.delivery,
+		"KDEDUP_LOG_FORMAT": "text", "KDEDUP_LOG_LEVEL": map[bool]string{true: "info", false: "warn"}[o.verbose],
 	})
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return 0, fmt.Errorf("%w: %v", errUsage, err)
 	}
 
 	reg := prometheus.NewRegistry()
@@ -89,36 +126,36 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	select {
 	case a := <-addr:
 		if readyAt, err = waitReady(ctx, a, done); err != nil {
-			return err
+			return 0, err
 		}
 	case err := <-done:
-		return fmt.Errorf("worker stopped before listening: %w", err)
+		return 0, fmt.Errorf("worker stopped before listening: %w", err)
 	}
 
 	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer adm.Close()
 	wait, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	err = scenario.WaitCaughtUp(wait, kadm.NewClient(adm), group, in)
 	cancel()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	caughtUp := time.Now()
 	metrics, err := reg.Gather()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	stop()
 	if err := <-done; err != nil {
-		return fmt.Errorf("worker: %w", err)
+		return 0, fmt.Errorf("worker: %w", err)
 	}
 
 	outRecs, err := scenario.ReadAll(ctx, brokers, out)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	got := scenario.Observe(outRecs)
 	sum := func(name string) float64 { return sumMetric(metrics, name) }
@@ -134,23 +171,38 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	row("records in output topic", float64(len(outRecs)), want.Stats.Forwarded)
 	tw.Flush()
 	elapsed := caughtUp.Sub(readyAt)
+	rate := float64(len(recs)) / elapsed.Seconds()
 	fmt.Fprintf(stdout, "\nfilter (%d partitions, f=%d, b=4): %.0f keys held, sub-filters per partition up to %.0f, load factor up to %.4f, estimated FPR up to %.3g\n",
-		*partitions, *bits, sum("kdedup_filter_items"), maxMetric(metrics, "kdedup_filter_sub_filters"),
+		o.partitions, o.bits, sum("kdedup_filter_items"), maxMetric(metrics, "kdedup_filter_sub_filters"),
 		maxMetric(metrics, "kdedup_filter_load_factor"), maxMetric(metrics, "kdedup_filter_estimated_fpr"))
+	if o.delivery == "exactly-once" {
+		fmt.Fprintf(stdout, "transactions: %.0f committed, %.0f aborted\n",
+			sumMetricLabel(metrics, "kdedup_transactions_total", "outcome", "committed"), sumMetricLabel(metrics, "kdedup_transactions_total", "outcome", "aborted"))
+	}
 	fmt.Fprintf(stdout, "time: group joined after %s; all %d records decided and committed %s later: %.0f records/s\n",
-		readyAt.Sub(start).Round(time.Millisecond), len(recs), elapsed.Round(time.Millisecond), float64(len(recs))/elapsed.Seconds())
+		readyAt.Sub(start).Round(time.Millisecond), len(recs), elapsed.Round(time.Millisecond), rate)
 
 	if diffs := scenario.Diff(want, got, 10); len(diffs) > 0 {
 		for _, d := range diffs {
 			fmt.Fprintln(stdout, "  differs:", d)
 		}
-		return errors.New("demo: output differs from the exact model")
+		return 0, errors.New("demo: output differs from the exact model")
 	}
 	if sum("kdedup_consumed_records_total") != float64(want.Stats.Consumed) {
-		return errors.New("demo: worker consumed a different number of records than were produced")
+		return 0, errors.New("demo: worker consumed a different number of records than were produced")
 	}
-	fmt.Fprintln(stdout, "\noutput matches the exact model: every key's records in order, nothing missing, nothing extra")
-	return nil
+	fmt.Fprintln(stdout, "output matches the exact model: every key's records in order, nothing missing, nothing extra")
+	return rate, nil
+}
+
+// cloneRecords copies recs so that producing them (which sets topic,
+// partition and offset) leaves the originals reusable.
+func cloneRecords(recs []*kgo.Record) []*kgo.Record {
+	out := make([]*kgo.Record, len(recs))
+	for i, r := range recs {
+		out[i] = &kgo.Record{Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
+	}
+	return out
 }
 
 // waitReady polls /readyz until it answers 200 and returns when it did.
@@ -187,6 +239,23 @@ func maxMetric(mfs []*dto.MetricFamily, name string) float64 {
 		m = max(m, v)
 	}
 	return m
+}
+
+func sumMetricLabel(mfs []*dto.MetricFamily, name, label, value string) float64 {
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					total += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return total
 }
 
 func metricValues(mfs []*dto.MetricFamily, name string) []float64 {
