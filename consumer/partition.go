@@ -218,7 +218,11 @@ func (pw *partition) produce(r *kgo.Record) {
 // belongs to a committed one.
 func (pw *partition) flush() {
 	pw.lastFlush = time.Now()
-	if pw.failed || pw.next == pw.flushed {
+	cp := pw.next
+	if pw.w.sess != nil {
+		cp = pw.stableNext // never a checkpoint past the last committed transaction
+	}
+	if pw.failed || cp == pw.flushed {
 		return
 	}
 	pw.inflight.Wait()
@@ -226,15 +230,15 @@ func (pw *partition) flush() {
 		pw.fail(*err)
 		return
 	}
-	if err := pw.d.Commit(pw.next); err != nil {
+	if err := pw.d.Commit(cp); err != nil {
 		pw.fail(err)
 		return
 	}
-	pw.flushed = pw.next
+	pw.flushed = cp
 	pw.w.m.batches.Inc()
 	if pw.w.sess == nil {
 		pw.w.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{
-			pw.topic: {pw.partition: {Epoch: pw.next.LeaderEpoch, Offset: pw.next.Offset}},
+			pw.topic: {pw.partition: {Epoch: cp.LeaderEpoch, Offset: cp.Offset}},
 		})
 	}
 }

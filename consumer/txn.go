@@ -83,32 +83,39 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 		}
 	})
 
-	// End flushes the produced records first; their promises have all
-	// run when it returns.
+	// Every produced record must be acknowledged or failed before the
+	// transaction ends: a record that failed (too large, not authorized)
+	// must abort the transaction, or its offset would commit without it.
+	// The deadline only bounds a broker that stays unreachable; cancelling
+	// a transaction leaves the client unusable, so it stops the worker.
+	endCtx, cancel := context.WithTimeout(context.Background(), max(30*time.Second, 2*w.opts.SessionTimeout))
+	defer cancel()
+	if err := w.cl.Flush(endCtx); err != nil {
+		for _, pw := range touched {
+			pw.next = pw.stableNext
+			_ = pw.d.DiscardStaged() // the worker stops; what matters is that nothing staged is written
+		}
+		return fmt.Errorf("flushing the transaction's records: %w", err)
+	}
 	try := kgo.TryCommit
+	mu.Lock()
+	if prodErr != nil {
+		w.log.Warn("producing in a transaction failed; aborting it, the input will be decided again", "err", prodErr)
+		try = kgo.TryAbort
+	}
+	mu.Unlock()
 	if failed != nil {
 		try = kgo.TryAbort
 	}
-	endCtx, cancel := context.WithTimeout(context.Background(), w.opts.SessionTimeout)
-	committed, err := w.sess.End(endCtx, try)
-	cancel()
-	mu.Lock()
-	if prodErr != nil {
-		w.log.Warn("producing in a transaction failed; it was aborted and the input will be decided again", "err", prodErr)
-	}
-	mu.Unlock()
-	if err != nil {
-		w.log.Warn("ending a transaction failed; treated as aborted", "err", err)
-		committed = false
-	}
+	committed, endErr := w.sess.End(endCtx, try)
 	outcome := "aborted"
-	if committed {
+	if committed && endErr == nil {
 		outcome = "committed"
 	}
 	w.m.txns.WithLabelValues(outcome).Inc()
 	for _, pw := range touched {
 		var err error
-		if committed {
+		if committed && endErr == nil {
 			pw.stableNext = pw.next
 			err = pw.d.CommitStaged()
 		} else {
@@ -123,10 +130,12 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 			pw.fail(err)
 		}
 	}
-	if failed != nil {
-		return failed
+	if endErr != nil {
+		// franz-go: no error End returns is retryable; the transactional
+		// id may be fenced. The staged changes are dropped above; restart.
+		return fmt.Errorf("ending a transaction: %w", endErr)
 	}
-	return nil
+	return failed
 }
 
 // flushDue cuts the write batches that are due: after FlushInterval, or when

@@ -194,6 +194,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.SessionTimeout(w.opts.SessionTimeout),
 		kgo.HeartbeatInterval(min(3*time.Second, w.opts.SessionTimeout/3)),
+		// Recover from leadership changes within a second rather than
+		// franz-go's default 5s: a stalled produce holds a write batch or
+		// a transaction open.
+		kgo.MetadataMinAge(time.Second),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsAssigned(w.assigned),
 		kgo.OnPartitionsRevoked(w.revoked),

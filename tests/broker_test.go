@@ -42,8 +42,19 @@ func TestMain(m *testing.M) {
 
 // broker is the Kafka-protocol cluster a test runs against.
 type broker struct {
-	addrs  []string
-	prefix string // prepended to topic and group names, unique per test
+	addrs   []string
+	prefix  string         // prepended to topic and group names, unique per test
+	cluster *kfake.Cluster // the in-process broker; nil for a real one
+}
+
+// fake returns the in-process kfake cluster, skipping the test (saying why)
+// when the suite runs against a real broker: fault injection needs kfake.
+func (b *broker) fake(t *testing.T) *kfake.Cluster {
+	t.Helper()
+	if b.cluster == nil {
+		t.Skip("fault injection needs the in-process kfake broker; KDEDUP_TEST_BROKERS or KDEDUP_TEST_CONTAINERS selects a real one")
+	}
+	return b.cluster
 }
 
 // newBroker returns the broker the environment selects: kfake in-process
@@ -74,7 +85,7 @@ func newBroker(t *testing.T) *broker {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return &broker{addrs: c.ListenAddrs(), prefix: prefix}
+	return &broker{addrs: c.ListenAddrs(), prefix: prefix, cluster: c}
 }
 
 func (b *broker) name(s string) string { return b.prefix + s }

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,20 +29,29 @@ type pipeline struct {
 	in, out    string
 	group      string
 	partitions int32
+	delivery   string            // KDEDUP_DELIVERY, default at-least-once
+	extraEnv   map[string]string // overrides of env
 }
 
 func newPipeline(t *testing.T, partitions int32) *pipeline {
 	b := newBroker(t)
-	p := &pipeline{b: b, in: b.name("in"), out: b.name("out"), group: b.name("group"), partitions: partitions}
+	p := &pipeline{b: b, in: b.name("in"), out: b.name("out"), group: b.name("group"), partitions: partitions, delivery: "at-least-once"}
 	b.createTopics(t, partitions, p.in, p.out)
 	return p
+}
+
+// deliveries runs fn as a subtest for each delivery mode.
+func deliveries(t *testing.T, fn func(t *testing.T, delivery string)) {
+	for _, d := range []string{"at-least-once", "exactly-once"} {
+		t.Run(d, func(t *testing.T) { fn(t, d) })
+	}
 }
 
 // env is the worker configuration the suites use: 32-bit fingerprints so a
 // false drop is improbable (the model is exact), a small capacity so that
 // chains expand, a short flush interval and session timeout.
 func (p *pipeline) env(dataDir string) map[string]string {
-	return map[string]string{
+	env := map[string]string{
 		"KDEDUP_BROKERS":          strings.Join(p.b.addrs, ","),
 		"KDEDUP_INPUT_TOPICS":     p.in,
 		"KDEDUP_OUTPUT_TOPIC":     p.out,
@@ -51,16 +61,22 @@ func (p *pipeline) env(dataDir string) map[string]string {
 		"KDEDUP_FINGERPRINT_BITS": "32",
 		"KDEDUP_CAPACITY":         "2000",
 		"KDEDUP_FLUSH_INTERVAL":   "100ms",
-		"KDEDUP_SESSION_TIMEOUT":  "6s",
+		"KDEDUP_SESSION_TIMEOUT":  "3s",
+		"KDEDUP_DELIVERY":         p.delivery,
 		"KDEDUP_LOG_LEVEL":        "warn",
 		"KDEDUP_LOG_FORMAT":       "text",
 	}
+	for k, v := range p.extraEnv {
+		env[k] = v
+	}
+	return env
 }
 
 // worker is a kdedup worker running in this process.
 type worker struct {
 	cancel context.CancelFunc
 	done   chan error
+	reg    *prometheus.Registry
 }
 
 func (p *pipeline) startWorker(t *testing.T, dataDir string) *worker {
@@ -69,12 +85,41 @@ func (p *pipeline) startWorker(t *testing.T, dataDir string) *worker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.SlogLevel()}))
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &worker{cancel: cancel, done: make(chan error, 1)}
-	go func() { w.done <- app.Run(ctx, cfg, log, prometheus.NewRegistry(), nil) }()
+	w := &worker{cancel: cancel, done: make(chan error, 1), reg: prometheus.NewRegistry()}
+	go func() { w.done <- app.Run(ctx, cfg, log, w.reg, nil) }()
 	t.Cleanup(func() { w.cancel(); <-w.done })
 	return w
+}
+
+// running fails the test if the worker has stopped.
+func (w *worker) running(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-w.done:
+		w.done <- err
+		t.Fatalf("worker stopped: %v", err)
+	default:
+	}
+}
+
+// metric sums the samples of a counter or gauge of the worker.
+func (w *worker) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	mfs, err := w.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+	}
+	return total
 }
 
 // stop shuts the worker down gracefully and fails the test on its error.
@@ -178,11 +223,16 @@ type feeder struct {
 	wg       sync.WaitGroup
 	err      error
 	produced chan int // receives the running count after each chunk
+	pause    atomic.Int64
 }
+
+// hurry makes the feeder produce the rest without pausing.
+func (f *feeder) hurry() { f.pause.Store(0) }
 
 func (p *pipeline) feed(t *testing.T, recs []*kgo.Record, chunk int, pause time.Duration) *feeder {
 	cl := p.b.client(t)
 	f := &feeder{produced: make(chan int, len(recs)/chunk+1)}
+	f.pause.Store(int64(pause))
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -193,7 +243,7 @@ func (p *pipeline) feed(t *testing.T, recs []*kgo.Record, chunk int, pause time.
 				return
 			}
 			f.produced <- min(i+chunk, len(recs))
-			time.Sleep(pause)
+			time.Sleep(time.Duration(f.pause.Load()))
 		}
 	}()
 	return f
