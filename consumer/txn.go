@@ -24,7 +24,11 @@ import (
 // Rebalance callbacks run between iterations (BlockRebalanceOnPoll); a
 // member fenced mid-transaction (session expired, KIP-447 generation check)
 // fails the offset commit, and End aborts.
-func (w *Worker) transactLoop(ctx context.Context) {
+//
+// It returns nil when ctx ends, and an error when the transactional
+// producer is unusable and the session must be restarted; a partition's
+// storage failure stops the worker through fail.
+func (w *Worker) transactLoop(ctx context.Context) error {
 	// One transaction's dirtied pages must fit in half a write batch: each
 	// record dirties at most one page.
 	maxRecords := int(max(1, min(pollRecords, w.opts.FlushBytes/int64(w.opts.PageBytes)/2)))
@@ -33,19 +37,26 @@ func (w *Worker) transactLoop(ctx context.Context) {
 		fetches := w.sess.PollRecords(pctx, maxRecords)
 		cancel()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
-			return
+			return nil
 		}
 		w.logFetchErrors(fetches)
 		if fetches.NumRecords() > 0 {
 			if err := w.transact(ctx, fetches); err != nil {
-				w.fail(err)
-				return
+				if errors.Is(err, errPartitionFailed) {
+					return nil // fail has stopped polling
+				}
+				return err
 			}
 		}
 		w.flushDue()
 		w.sess.AllowRebalance()
 	}
+	return nil
 }
+
+// errPartitionFailed marks a transaction aborted because a partition failed
+// (it has called fail already).
+var errPartitionFailed = errors.New("consumer: partition failed")
 
 // transact runs one transaction over the polled records.
 func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
@@ -79,7 +90,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 		touched = append(touched, pw)
 		pw.process(p.Records, produce)
 		if pw.failed {
-			failed = fmt.Errorf("partition %s/%d failed", p.Topic, p.Partition)
+			failed = fmt.Errorf("%w: %s/%d", errPartitionFailed, p.Topic, p.Partition)
 		}
 	})
 

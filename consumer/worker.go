@@ -181,6 +181,41 @@ func (w *Worker) Ready() bool { return w.ready.Load() }
 // group offsets, leaves the group and returns nil. On a partition failure it
 // does the same for the healthy partitions and returns the failure.
 func (w *Worker) Run(ctx context.Context) error {
+	pollCtx, cancel := context.WithCancel(ctx)
+	w.mu.Lock()
+	w.cancelPoll = cancel
+	w.mu.Unlock()
+	defer cancel()
+	for {
+		if err := w.connect(); err != nil {
+			return err
+		}
+		if w.sess == nil {
+			w.pollLoop(pollCtx)
+		} else if err := w.transactLoop(pollCtx); err != nil && pollCtx.Err() == nil {
+			// The transactional producer is unusable (fenced, or an
+			// unconfirmed end): commit what the committed transactions
+			// changed, leave, and start a new session, as a restarted
+			// process would.
+			w.log.Warn("restarting the Kafka session", "err", err)
+			w.m.sessionRestarts.Inc()
+			w.cl.AllowRebalance()
+			w.release()
+			w.cl.Close()
+			select {
+			case <-pollCtx.Done():
+				return w.shutdown()
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		w.cl.AllowRebalance()
+		return w.shutdown()
+	}
+}
+
+// connect creates the Kafka client (a GroupTransactSession exactly once).
+func (w *Worker) connect() error {
 	start := kgo.NewOffset().AtStart()
 	if w.opts.StartAtLatest {
 		start = kgo.NewOffset().AtEnd()
@@ -218,28 +253,15 @@ func (w *Worker) Run(ctx context.Context) error {
 			return fmt.Errorf("creating kafka transactional client: %w", err)
 		}
 		w.sess, w.cl = sess, sess.Client()
-	} else {
-		opts = append(opts, kgo.AutoCommitMarks(), kgo.AutoCommitInterval(w.opts.FlushInterval))
-		cl, err := kgo.NewClient(append(opts, w.opts.ClientOpts...)...)
-		if err != nil {
-			return fmt.Errorf("creating kafka client: %w", err)
-		}
-		w.cl = cl
+		return nil
 	}
-
-	pollCtx, cancel := context.WithCancel(ctx)
-	w.mu.Lock()
-	w.cancelPoll = cancel
-	w.mu.Unlock()
-	defer cancel()
-
-	if w.sess != nil {
-		w.transactLoop(pollCtx)
-	} else {
-		w.pollLoop(pollCtx)
+	opts = append(opts, kgo.AutoCommitMarks(), kgo.AutoCommitInterval(w.opts.FlushInterval))
+	cl, err := kgo.NewClient(append(opts, w.opts.ClientOpts...)...)
+	if err != nil {
+		return fmt.Errorf("creating kafka client: %w", err)
 	}
-	w.cl.AllowRebalance()
-	return w.shutdown()
+	w.cl = cl
+	return nil
 }
 
 // pollLoop is the at-least-once loop: poll and hand records to the
@@ -302,21 +324,28 @@ func (w *Worker) fail(err error) {
 	})
 }
 
-func (w *Worker) shutdown() error {
+// release stops every partition, each finishing its write batch.
+func (w *Worker) release() {
 	w.ready.Store(false)
 	w.mu.Lock()
-	w.closing = true
 	all := make(map[string][]int32)
 	for tp := range w.parts {
 		all[tp.topic] = append(all[tp.topic], tp.partition)
 	}
+	w.mu.Unlock()
+	w.stopPartitions(all, false)
+}
+
+func (w *Worker) shutdown() error {
+	w.mu.Lock()
+	w.closing = true
 	w.mu.Unlock()
 
 	// Finish every partition's write batch and commit the group offsets
 	// before leaving: leaving hands the partitions to other members.
 	ctx, cancel := context.WithTimeout(context.Background(), w.opts.SessionTimeout)
 	defer cancel()
-	w.stopPartitions(all, false)
+	w.release()
 	if w.sess == nil {
 		if err := w.cl.CommitMarkedOffsets(ctx); err != nil {
 			w.log.Warn("committing group offsets at shutdown; the next owner resumes from the Badger checkpoint", "err", err)
@@ -476,6 +505,7 @@ type metrics struct {
 	produceErrors   prometheus.Counter
 	batches         prometheus.Counter
 	txns            *prometheus.CounterVec
+	sessionRestarts prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
@@ -492,5 +522,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		batches: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_write_batches_total", Help: "Write batches committed to Badger."}),
 		txns: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_transactions_total",
 			Help: "Kafka transactions ended, by outcome (committed, aborted); exactly-once only."}, []string{"outcome"}),
+		sessionRestarts: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_session_restarts_total",
+			Help: "Kafka client sessions restarted after the transactional producer became unusable (fenced); exactly-once only."}),
 	}
 }

@@ -35,13 +35,21 @@ func TestCrashLoop(t *testing.T) {
 		for i, d := range dirs {
 			procs[i] = p.startProcess(t, d)
 		}
-		f := p.feed(t, recs, 20, 15*time.Millisecond)
+		f := p.feed(t, recs, 10, 60*time.Millisecond) // ~50s of input, longer than the rounds take
 		rng := rand.New(rand.NewPCG(uint64(len(delivery)), 9))
 		const rounds = 20
 		kills, wipes := 0, 0
 		for range rounds {
+			// Kill only once the group is stable with all three members
+			// owning partitions: kfake never expires a member that dies
+			// between its JoinGroup and SyncGroup, which would stall the
+			// group for the client's rebalance timeout (60s); a real
+			// broker expires it after the session timeout.
+			for _, pr := range procs {
+				pr.waitReady(t)
+			}
+			p.waitMembers(t, len(procs))
 			i := rng.IntN(len(procs))
-			procs[i].waitReady(t)
 			time.Sleep(time.Duration(50+rng.IntN(400)) * time.Millisecond)
 			procs[i].kill()
 			kills++
