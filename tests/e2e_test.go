@@ -133,23 +133,29 @@ func TestKillLosesNothing(t *testing.T) {
 	t.Logf("after 2 kills: %d records expected, %d read, %d extra (forwarded again after a kill)", want.Stats.Forwarded, got.Stats.Forwarded, extra)
 }
 
-// TestSecondWorkerJoins starts a second worker (own data directory) in the
-// middle of the stream; the cooperative rebalance moves partitions to it:
-// nothing the model forwards is missing.
+// TestSecondWorkerJoins starts a second worker (own, empty data directory)
+// in the middle of the stream; the cooperative rebalance moves partitions
+// to it, it rebuilds their filters by replaying their input, and the output
+// is exactly the model's.
 func TestSecondWorkerJoins(t *testing.T) {
-	p := newPipeline(t, 6)
-	recs := stream(4)
-	f := p.feed(t, recs, 100, 5*time.Millisecond)
-	a := p.startWorker(t, t.TempDir())
-	f.until(len(recs) / 3)
-	b := p.startWorker(t, t.TempDir())
-	p.waitMembers(t, 2)
-	f.wait(t)
-	want, got := p.output(t, recs)
-	a.stop(t)
-	b.stop(t)
-	extra := requireNothingMissing(t, want, got)
-	t.Logf("with a second worker joining: %d records expected, %d read, %d extra (keys first seen by the other worker)", want.Stats.Forwarded, got.Stats.Forwarded, extra)
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 6)
+		p.delivery = delivery
+		recs := stream(4)
+		f := p.feed(t, recs, 100, 5*time.Millisecond)
+		a := p.startWorker(t, t.TempDir())
+		f.until(len(recs) / 3)
+		b := p.startWorker(t, t.TempDir())
+		p.waitMembers(t, 2)
+		f.wait(t)
+		want, got := p.output(t, recs)
+		a.stop(t)
+		b.stop(t)
+		requireExact(t, want, got)
+		if n := b.metric(t, "kdedup_replayed_records_total"); n == 0 {
+			t.Error("the second worker replayed nothing: it did not rebuild the partitions it took")
+		}
+	})
 }
 
 // TestPartitionMovesAwayAndBack: worker A decides keys k0..k999, worker B
@@ -159,38 +165,34 @@ func TestSecondWorkerJoins(t *testing.T) {
 // filter (without forwarding) or it would drop the re-created keys as
 // duplicates. The output must be exactly the model's.
 func TestPartitionMovesAwayAndBack(t *testing.T) {
-	p := newPipeline(t, 2)
-	var part1, part2, part3 []*kgo.Record
-	for i := range 1000 {
-		k := fmt.Appendf(nil, "k%d", i)
-		part1 = append(part1, &kgo.Record{Key: k, Value: fmt.Appendf(nil, "v1-%d", i), Timestamp: scenario.Base})
-		if i < 500 {
-			part2 = append(part2, &kgo.Record{Key: k, Timestamp: scenario.Base})
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 2)
+		p.delivery = delivery
+		var part1, part2, part3 []*kgo.Record
+		for i := range 1000 {
+			k := fmt.Appendf(nil, "k%d", i)
+			part1 = append(part1, &kgo.Record{Key: k, Value: fmt.Appendf(nil, "v1-%d", i), Timestamp: scenario.Base})
+			if i < 500 {
+				part2 = append(part2, &kgo.Record{Key: k, Timestamp: scenario.Base})
+			}
+			part3 = append(part3, &kgo.Record{Key: k, Value: fmt.Appendf(nil, "v2-%d", i), Timestamp: scenario.Base})
 		}
-		part3 = append(part3, &kgo.Record{Key: k, Value: fmt.Appendf(nil, "v2-%d", i), Timestamp: scenario.Base})
-	}
-	dirA := t.TempDir()
-	step := func(dir string, recs []*kgo.Record) {
-		p.feed(t, recs, len(recs), 0).wait(t)
-		w := p.startWorker(t, dir)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
-			t.Fatal(err)
-		}
+		dirA := t.TempDir()
+		p.runPart(t, dirA, part1)
+		p.runPart(t, t.TempDir(), part2)
+		p.feed(t, part3, len(part3), 0).wait(t)
+		w := p.startWorker(t, dirA)
+		all := append(append(append([]*kgo.Record{}, part1...), part2...), part3...)
+		want, got := p.output(t, all)
 		w.stop(t)
-	}
-	step(dirA, part1)
-	step(t.TempDir(), part2)
-	p.feed(t, part3, len(part3), 0).wait(t)
-	w := p.startWorker(t, dirA)
-	all := append(append(append([]*kgo.Record{}, part1...), part2...), part3...)
-	want, got := p.output(t, all)
-	w.stop(t)
-	requireExact(t, want, got)
-	if want.Stats.Forwarded != 1000+500+500 {
-		t.Fatalf("model forwards %d records, want 2000", want.Stats.Forwarded)
-	}
+		requireExact(t, want, got)
+		if want.Stats.Forwarded != 1000+500+500 {
+			t.Fatalf("model forwards %d records, want 2000", want.Stats.Forwarded)
+		}
+		if n := w.metric(t, "kdedup_replayed_records_total"); n != float64(len(part2)) {
+			t.Fatalf("worker A replayed %.0f records, want the %d worker B processed", n, len(part2))
+		}
+	})
 }
 
 // TestBinaryServesAndStopsOnSIGTERM runs the kdedup binary against the

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"regexp"
 	"syscall"
 	"testing"
 	"time"
@@ -90,11 +91,12 @@ func TestZombieFencing(t *testing.T) {
 	other.waitReady(t)
 	f := p.feed(t, recs, 20, 10*time.Millisecond)
 	for range 3 {
+		p.waitMembers(t, 2) // the zombie owns partitions when it freezes
 		time.Sleep(300 * time.Millisecond)
 		if err := zombie.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(3 * 3 * time.Second) // three session timeouts
+		time.Sleep(2 * 3 * time.Second) // two session timeouts
 		if err := zombie.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
@@ -103,6 +105,14 @@ func TestZombieFencing(t *testing.T) {
 	f.wait(t)
 	want, got := p.output(t, recs)
 	requireExact(t, want, got)
+	// The zombie must have learnt it was fenced: its partitions lost, its
+	// membership or producer rejected.
+	fenced := regexp.MustCompile(`lost=true|UNKNOWN_MEMBER_ID|ILLEGAL_GENERATION|PRODUCER_FENCED|restarting the Kafka session`)
+	n := len(fenced.FindAllString(zombie.logText(t), -1))
+	if n == 0 {
+		t.Fatal("the frozen worker never saw itself fenced; the test did not exercise fencing")
+	}
+	t.Logf("the frozen worker logged %d fencing events", n)
 }
 
 // TestBrokerFaults injects broker errors with kfake while an exactly-once

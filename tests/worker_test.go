@@ -145,6 +145,16 @@ type process struct {
 
 var httpAddrRE = regexp.MustCompile(`http=(\S+)`)
 
+// logText returns what the process has logged so far.
+func (p *process) logText(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 // waitReady waits until the worker answers /readyz with 200: it has joined
 // the group and opened its partitions' state. (Killing a member in the
 // middle of its first join leaves kfake with a member that never expires.)
