@@ -103,9 +103,8 @@ func snapshot(t *testing.T, p *Partition) ([]byte, map[filter.PageID][]byte) {
 	t.Helper()
 	meta := bytes.Clone(p.state.Meta())
 	pages := map[filter.PageID][]byte{}
-	bpp := p.chain.Params().BucketsPerPage()
 	for s, sf := range p.chain.SubFilters() {
-		for pg := range sf.Buckets / bpp {
+		for pg := range sf.Pages {
 			id := filter.PageID{SubFilter: uint32(s), Page: uint32(pg)}
 			b, err := p.state.Page(id)
 			if err != nil {

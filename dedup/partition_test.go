@@ -366,7 +366,7 @@ func TestOpenRefusesOtherParams(t *testing.T) {
 		{
 			name:       "defaults spelled out",
 			stored:     filter.Params{Capacity: 1024},
-			configured: filter.Params{FingerprintBits: 16, BucketSize: 4, Capacity: 1024, MaxKicks: 500, Expansion: 2, PageBytes: 4096},
+			configured: filter.Params{TargetFPR: 1e-4, BucketSize: 4, Capacity: 1024, MaxKicks: 500, Expansion: 2, PageBytes: 4096},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

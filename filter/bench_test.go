@@ -1,6 +1,9 @@
 package filter
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 // benchChain returns an in-memory chain of 2^20 slots filled to 90% load
 // with keys "k0".."kN" and the number of keys inserted.
@@ -53,4 +56,21 @@ func BenchmarkChainInsert(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(c.Stats().SubFilters), "sub-filters")
+}
+
+// BenchmarkLoadAtFirstExpansion reports the load factor at the first failed
+// insert of a sub-filter with default parameters (18-bit fingerprints from
+// the default target rate, b=4, 4 KiB pages) at 2^20 and 2^24 keys of
+// capacity, as the load-factor metric.
+func BenchmarkLoadAtFirstExpansion(b *testing.B) {
+	for _, capacity := range []uint64{1 << 20, 1 << 24} {
+		b.Run(fmt.Sprintf("capacity=%d", capacity), func(b *testing.B) {
+			var load float64
+			for b.Loop() {
+				c, _ := newMem(b, Params{Capacity: capacity})
+				load = fillUntilExpansion(b, c)
+			}
+			b.ReportMetric(load, "load")
+		})
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -24,17 +25,23 @@ var (
 
 // SubFilter describes one sub-filter of a chain.
 type SubFilter struct {
-	// Buckets is the number of buckets, a power of two.
-	Buckets uint64
+	// Pages is the number of pages, a power of two.
+	Pages uint64
 	// FingerprintBits is the fingerprint width f of this sub-filter.
 	FingerprintBits int
 	// Items is the number of fingerprints stored (inserts minus deletes that
 	// found a fingerprint).
 	Items uint64
+	// bucketsPerPage, derived from the width, the bucket size and the page
+	// size.
+	bucketsPerPage uint64
 }
 
+// Buckets is the number of buckets of s.
+func (s SubFilter) Buckets() uint64 { return s.Pages * s.bucketsPerPage }
+
 // Slots is the number of slots of s for bucket size b.
-func (s SubFilter) Slots(b int) uint64 { return s.Buckets * uint64(b) }
+func (s SubFilter) Slots(b int) uint64 { return s.Buckets() * uint64(b) }
 
 // Stats summarizes a chain.
 type Stats struct {
@@ -57,17 +64,14 @@ type Stats struct {
 // A Chain is not safe for concurrent use: one goroutine owns it (kdedup keeps
 // one chain per topic-partition).
 type Chain struct {
-	p      Params
-	pager  Pager
-	subs   []SubFilter
-	width  int    // bytes per slot
-	bpp    uint64 // buckets per page
-	kicks  []kick // reused eviction log
-	fpMask uint32
+	p     Params
+	pager Pager
+	subs  []SubFilter
+	kicks []kick // reused eviction log
 }
 
 type kick struct {
-	slot int    // byte offset of the slot in the page
+	slot int    // bit offset of the slot in the page
 	old  uint32 // fingerprint the slot held before the kick
 }
 
@@ -79,23 +83,18 @@ func New(p Params, pager Pager) (*Chain, error) {
 		return nil, err
 	}
 	c := newChain(p, pager)
-	c.subs = []SubFilter{{Buckets: p.firstBuckets(), FingerprintBits: p.FingerprintBits}}
+	c.subs = []SubFilter{c.subFilter(0, p.firstPages())}
 	return c, nil
 }
 
 func newChain(p Params, pager Pager) *Chain {
-	fpMask := uint32(1)<<p.FingerprintBits - 1
-	if p.FingerprintBits == 32 {
-		fpMask = ^uint32(0)
-	}
-	return &Chain{
-		p:      p,
-		pager:  pager,
-		width:  p.FingerprintBits / 8,
-		bpp:    p.BucketsPerPage(),
-		kicks:  make([]kick, 0, p.MaxKicks),
-		fpMask: fpMask,
-	}
+	return &Chain{p: p, pager: pager, kicks: make([]kick, 0, p.MaxKicks)}
+}
+
+// subFilter describes sub-filter i of the given page count, empty.
+func (c *Chain) subFilter(i int, pages uint64) SubFilter {
+	f := c.p.SubFilterBits(i)
+	return SubFilter{Pages: pages, FingerprintBits: f, bucketsPerPage: c.p.bucketsPerPage(f)}
 }
 
 // Params returns the chain's parameters (defaults applied).
@@ -112,7 +111,7 @@ func (c *Chain) Stats() Stats {
 		slots := sf.Slots(b)
 		s.Items += sf.Items
 		s.Slots += slots
-		s.Bytes += sf.Buckets / c.bpp * uint64(c.p.PageBytes)
+		s.Bytes += sf.Pages * uint64(c.p.PageBytes)
 		s.EstimatedFPR += ExpectedFPR(b, sf.FingerprintBits, float64(sf.Items)/float64(slots))
 	}
 	s.LoadFactor = float64(s.Items) / float64(s.Slots)
@@ -121,37 +120,53 @@ func (c *Chain) Stats() Stats {
 	return s
 }
 
-// position is where a key lives in one sub-filter: its page, the byte
+// position is where a key lives in one sub-filter: its page, the bit
 // offsets of its two candidate buckets in that page, and its fingerprint.
 type position struct {
 	id     PageID
-	b1, b2 int
+	b1, b2 int // bit offsets of the buckets
 	fp     uint32
+	sub    *SubFilter
 }
 
-func (c *Chain) position(h uint64, sub int) position {
-	n := c.subs[sub].Buckets
-	i := h & (n - 1)
-	fp := uint32(h>>32) & c.fpMask
+// position maps hash h into sub-filter s. The page is the low log2(Pages)
+// bits of h; the bucket inside the page comes from the remaining low 32
+// bits (multiply-shift into [0, bucketsPerPage)); the fingerprint from the
+// high 32 bits, so index and fingerprint never share bits.
+func (c *Chain) position(h uint64, s int) position {
+	sf := &c.subs[s]
+	pageBits := uint(bits.TrailingZeros64(sf.Pages))
+	rest := uint64(uint32(h) >> pageBits) // 32-pageBits bits
+	local := (rest * sf.bucketsPerPage) >> (32 - pageBits)
+	f := sf.FingerprintBits
+	fp := uint32(h>>32) & fpMask(f)
 	if fp == 0 {
 		fp = 1
 	}
-	local := i & (c.bpp - 1)
-	bb := c.p.BucketSize * c.width
+	bb := c.p.BucketSize * f
 	return position{
-		id: PageID{SubFilter: uint32(sub), Page: uint32(i / c.bpp)},
-		b1: int(local) * bb,
-		b2: int(c.altLocal(local, fp)) * bb,
-		fp: fp,
+		id:  PageID{SubFilter: uint32(s), Page: uint32(h & (sf.Pages - 1))},
+		b1:  int(local) * bb,
+		b2:  int(altLocal(local, fp, sf.bucketsPerPage)) * bb,
+		fp:  fp,
+		sub: sf,
 	}
 }
 
-// altLocal is the page-local alternate bucket: an involution in local for a
-// given fp. mix takes the high half of a 64-bit multiplicative hash so that
-// every bit of fp reaches the low bits used as the offset.
-func (c *Chain) altLocal(local uint64, fp uint32) uint64 {
-	mix := (uint64(fp) * 0x9e3779b97f4a7c15) >> 32
-	return (local ^ mix) & (c.bpp - 1)
+func fpMask(f int) uint32 { return uint32(uint64(1)<<f - 1) }
+
+// altLocal is the page-local alternate bucket of partial-key cuckoo hashing
+// (Fan et al. section 3.1) over a page of n buckets, n not a power of two:
+// alt(i) = (m - i) mod n with m = mix(fp) mod n, an involution in i
+// (alt(alt(i)) = i), like the paper's i XOR hash(fp) for power-of-two n.
+// mix takes the high half of a 64-bit multiplicative hash so that every bit
+// of fp matters.
+func altLocal(local uint64, fp uint32, n uint64) uint64 {
+	m := ((uint64(fp) * 0x9e3779b97f4a7c15) >> 32) * n >> 32
+	if m >= local {
+		return m - local
+	}
+	return m + n - local
 }
 
 func (c *Chain) page(id PageID) ([]byte, error) {
@@ -165,43 +180,52 @@ func (c *Chain) page(id PageID) ([]byte, error) {
 	return pg, nil
 }
 
-func (c *Chain) get(pg []byte, off int) uint32 {
-	switch c.width {
-	case 1:
-		return uint32(pg[off])
-	case 2:
-		return uint32(binary.LittleEndian.Uint16(pg[off:]))
-	default:
-		return binary.LittleEndian.Uint32(pg[off:])
+// get reads the f-bit slot at bit offset off, little endian.
+func get(pg []byte, off, f int) uint32 {
+	i, sh := off>>3, uint(off&7)
+	if i+8 <= len(pg) {
+		return uint32(binary.LittleEndian.Uint64(pg[i:])>>sh) & fpMask(f)
+	}
+	var w uint64
+	for k := 0; i+k < len(pg) && k < 8; k++ {
+		w |= uint64(pg[i+k]) << (8 * k)
+	}
+	return uint32(w>>sh) & fpMask(f)
+}
+
+// set writes fp into the f-bit slot at bit offset off.
+func set(pg []byte, off, f int, fp uint32) {
+	i, sh := off>>3, uint(off&7)
+	mask := uint64(fpMask(f)) << sh
+	if i+8 <= len(pg) {
+		w := binary.LittleEndian.Uint64(pg[i:])
+		binary.LittleEndian.PutUint64(pg[i:], w&^mask|uint64(fp)<<sh)
+		return
+	}
+	v := uint64(fp) << sh
+	for k := 0; i+k < len(pg) && k < 8; k++ {
+		b := uint64(pg[i+k])
+		m := (mask >> (8 * k)) & 0xff
+		pg[i+k] = byte(b&^m | (v>>(8*k))&m)
 	}
 }
 
-func (c *Chain) set(pg []byte, off int, fp uint32) {
-	switch c.width {
-	case 1:
-		pg[off] = byte(fp)
-	case 2:
-		binary.LittleEndian.PutUint16(pg[off:], uint16(fp))
-	default:
-		binary.LittleEndian.PutUint32(pg[off:], fp)
-	}
-}
-
-// count returns how many slots of the bucket at byte offset b hold fp.
-func (c *Chain) count(pg []byte, b int, fp uint32) int {
+// count returns how many f-bit slots of the bucket at bit offset b hold fp.
+func (c *Chain) count(pg []byte, b, f int, fp uint32) int {
 	n := 0
 	for k := 0; k < c.p.BucketSize; k++ {
-		if c.get(pg, b+k*c.width) == fp {
+		if get(pg, b+k*f, f) == fp {
 			n++
 		}
 	}
 	return n
 }
 
-// find returns the byte offset of the first slot of bucket b holding fp, or -1.
-func (c *Chain) find(pg []byte, b int, fp uint32) int {
+// find returns the bit offset of the first f-bit slot of bucket b holding
+// fp, or -1.
+func (c *Chain) find(pg []byte, b, f int, fp uint32) int {
 	for k := 0; k < c.p.BucketSize; k++ {
-		if off := b + k*c.width; c.get(pg, off) == fp {
+		if off := b + k*f; get(pg, off, f) == fp {
 			return off
 		}
 	}
@@ -222,7 +246,8 @@ func (c *Chain) containsHash(h uint64) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if c.find(pg, pos.b1, pos.fp) >= 0 || c.find(pg, pos.b2, pos.fp) >= 0 {
+		f := pos.sub.FingerprintBits
+		if c.find(pg, pos.b1, f, pos.fp) >= 0 || c.find(pg, pos.b2, f, pos.fp) >= 0 {
 			return true, nil
 		}
 	}
@@ -241,9 +266,10 @@ func (c *Chain) Count(key []byte) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		n += c.count(pg, pos.b1, pos.fp)
+		f := pos.sub.FingerprintBits
+		n += c.count(pg, pos.b1, f, pos.fp)
 		if pos.b2 != pos.b1 {
-			n += c.count(pg, pos.b2, pos.fp)
+			n += c.count(pg, pos.b2, f, pos.fp)
 		}
 	}
 	return n, nil
@@ -279,10 +305,7 @@ func (c *Chain) addHash(h uint64) error {
 	if len(c.subs) == MaxSubFilters {
 		return fmt.Errorf("%w: %d sub-filters", ErrFull, MaxSubFilters)
 	}
-	c.subs = append(c.subs, SubFilter{
-		Buckets:         c.p.nextBuckets(c.subs[s].Buckets),
-		FingerprintBits: c.p.FingerprintBits,
-	})
+	c.subs = append(c.subs, c.subFilter(s+1, c.p.nextPages(c.subs[s].Pages)))
 	ok, err = c.place(h, s+1)
 	if err == nil && !ok {
 		// An empty sub-filter has room in the key's primary bucket.
@@ -300,9 +323,10 @@ func (c *Chain) place(h uint64, s int) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	f := pos.sub.FingerprintBits
 	for _, b := range [2]int{pos.b1, pos.b2} {
-		if off := c.find(pg, b, 0); off >= 0 {
-			c.set(pg, off, pos.fp)
+		if off := c.find(pg, b, f, 0); off >= 0 {
+			set(pg, off, f, pos.fp)
 			c.commitPlace(pos.id, pg, s)
 			return true, nil
 		}
@@ -311,7 +335,8 @@ func (c *Chain) place(h uint64, s int) (bool, error) {
 	// Eviction walk (Fan et al. Algorithm 1), victims chosen by a PRNG
 	// seeded from the key's hash so that replays evict identically.
 	rng := splitmix64{state: h}
-	bb := c.p.BucketSize * c.width
+	bb := c.p.BucketSize * f
+	n := pos.sub.bucketsPerPage
 	cur := pos.b1
 	if rng.next()&1 == 1 {
 		cur = pos.b2
@@ -319,20 +344,20 @@ func (c *Chain) place(h uint64, s int) (bool, error) {
 	fp := pos.fp
 	c.kicks = c.kicks[:0]
 	for range c.p.MaxKicks {
-		off := cur + int(rng.next()%uint64(c.p.BucketSize))*c.width
-		victim := c.get(pg, off)
-		c.set(pg, off, fp)
+		off := cur + int(rng.next()%uint64(c.p.BucketSize))*f
+		victim := get(pg, off, f)
+		set(pg, off, f, fp)
 		c.kicks = append(c.kicks, kick{slot: off, old: victim})
 		fp = victim
-		cur = int(c.altLocal(uint64(cur/bb), fp)) * bb
-		if off := c.find(pg, cur, 0); off >= 0 {
-			c.set(pg, off, fp)
+		cur = int(altLocal(uint64(cur/bb), fp, n)) * bb
+		if off := c.find(pg, cur, f, 0); off >= 0 {
+			set(pg, off, f, fp)
 			c.commitPlace(pos.id, pg, s)
 			return true, nil
 		}
 	}
 	for i := len(c.kicks) - 1; i >= 0; i-- {
-		c.set(pg, c.kicks[i].slot, c.kicks[i].old)
+		set(pg, c.kicks[i].slot, f, c.kicks[i].old)
 	}
 	return false, nil
 }
@@ -355,12 +380,13 @@ func (c *Chain) Delete(key []byte) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		off := c.find(pg, pos.b1, pos.fp)
+		f := pos.sub.FingerprintBits
+		off := c.find(pg, pos.b1, f, pos.fp)
 		if off < 0 {
-			off = c.find(pg, pos.b2, pos.fp)
+			off = c.find(pg, pos.b2, f, pos.fp)
 		}
 		if off >= 0 {
-			c.set(pg, off, 0)
+			set(pg, off, f, 0)
 			c.pager.MarkDirty(pos.id, pg)
 			if c.subs[s].Items > 0 { // a corrupt page can hold more than Items says
 				c.subs[s].Items--

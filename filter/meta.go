@@ -4,11 +4,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"math"
 )
 
 // FormatVersion is the version of the metadata and page format this package
 // writes. Open refuses any other.
-const FormatVersion = 1
+const FormatVersion = 2
 
 // HashXXH64 identifies xxhash64 as the key hash in the metadata. Changing
 // the hash is a format change.
@@ -17,7 +18,7 @@ const HashXXH64 = 1
 var metaMagic = [4]byte{'K', 'D', 'C', 'F'}
 
 const (
-	metaHeaderLen = 4 + 1 + 1 + 1 + 1 + 4 + 2 + 4 + 8 + 2 // magic .. sub-filter count
+	metaHeaderLen = 4 + 1 + 1 + 1 + 1 + 4 + 2 + 4 + 8 + 8 + 2 // magic .. sub-filter count
 	metaSubLen    = 8 + 1 + 8
 	metaCRCLen    = 4
 )
@@ -31,7 +32,7 @@ type Meta struct {
 }
 
 // MarshalMeta encodes the chain metadata: format version, hash id, Params and
-// every sub-filter (buckets, fingerprint width, items), big endian, followed
+// every sub-filter (pages, fingerprint width, items), big endian, followed
 // by a CRC-32C of the preceding bytes.
 func (c *Chain) MarshalMeta() []byte {
 	return Meta{FormatVersion: FormatVersion, HashID: HashXXH64, Params: c.p, SubFilters: c.subs}.marshal()
@@ -45,9 +46,10 @@ func (m Meta) marshal() []byte {
 	b = binary.BigEndian.AppendUint16(b, uint16(m.Params.Expansion))
 	b = binary.BigEndian.AppendUint32(b, uint32(m.Params.PageBytes))
 	b = binary.BigEndian.AppendUint64(b, m.Params.Capacity)
+	b = binary.BigEndian.AppendUint64(b, math.Float64bits(m.Params.TargetFPR))
 	b = binary.BigEndian.AppendUint16(b, uint16(len(m.SubFilters)))
 	for _, s := range m.SubFilters {
-		b = binary.BigEndian.AppendUint64(b, s.Buckets)
+		b = binary.BigEndian.AppendUint64(b, s.Pages)
 		b = append(b, byte(s.FingerprintBits))
 		b = binary.BigEndian.AppendUint64(b, s.Items)
 	}
@@ -85,9 +87,10 @@ func DecodeMeta(b []byte) (Meta, error) {
 			Expansion:       int(binary.BigEndian.Uint16(body[12:])),
 			PageBytes:       int(binary.BigEndian.Uint32(body[14:])),
 			Capacity:        binary.BigEndian.Uint64(body[18:]),
+			TargetFPR:       math.Float64frombits(binary.BigEndian.Uint64(body[26:])),
 		},
 	}
-	n := int(binary.BigEndian.Uint16(body[26:]))
+	n := int(binary.BigEndian.Uint16(body[34:]))
 	rest := body[metaHeaderLen:]
 	if len(rest) != n*metaSubLen {
 		return Meta{}, fmt.Errorf("%w: metadata lists %d sub-filters in %d bytes", ErrCorrupt, n, len(rest))
@@ -100,20 +103,20 @@ func DecodeMeta(b []byte) (Meta, error) {
 		// sane before anything indexes pages with it.
 		return Meta{}, fmt.Errorf("%w: metadata parameters %s", ErrCorrupt, m.Params)
 	}
-	bpp := m.Params.BucketsPerPage()
 	for i := range n {
 		r := rest[i*metaSubLen:]
 		s := SubFilter{
-			Buckets:         binary.BigEndian.Uint64(r),
+			Pages:           binary.BigEndian.Uint64(r),
 			FingerprintBits: int(r[8]),
 			Items:           binary.BigEndian.Uint64(r[9:]),
 		}
-		if s.Buckets < bpp || s.Buckets > maxBuckets || s.Buckets&(s.Buckets-1) != 0 {
-			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d buckets", ErrCorrupt, i, s.Buckets)
+		if s.Pages == 0 || s.Pages > 1<<maxPageBits || s.Pages&(s.Pages-1) != 0 {
+			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d pages", ErrCorrupt, i, s.Pages)
 		}
-		if s.FingerprintBits != m.Params.FingerprintBits {
-			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d-bit fingerprints", ErrCorrupt, i, s.FingerprintBits)
+		if want := m.Params.SubFilterBits(i); s.FingerprintBits != want {
+			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d-bit fingerprints, its parameters give %d", ErrCorrupt, i, s.FingerprintBits, want)
 		}
+		s.bucketsPerPage = m.Params.bucketsPerPage(s.FingerprintBits)
 		if s.Items > s.Slots(m.Params.BucketSize) {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d holds %d items in %d slots", ErrCorrupt, i, s.Items, s.Slots(m.Params.BucketSize))
 		}

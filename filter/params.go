@@ -3,59 +3,79 @@ package filter
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 )
 
 // Defaults of Params; a zero field means its default.
 const (
-	DefaultFingerprintBits = 16
-	DefaultBucketSize      = 4
-	DefaultCapacity        = 1_000_000
-	DefaultMaxKicks        = 500
-	DefaultExpansion       = 2
-	DefaultPageBytes       = 4096
+	DefaultTargetFPR  = 1e-4
+	DefaultBucketSize = 4
+	DefaultCapacity   = 1_000_000
+	DefaultMaxKicks   = 500
+	DefaultExpansion  = 2
+	DefaultPageBytes  = 4096
 )
 
-// MaxSubFilters bounds the chain. With the default expansion of 2 it is never
-// reached in practice (the 64th sub-filter would hold 2^63 times the
-// initial capacity); RedisBloom stops at 32 expansions by default.
+// Fingerprint widths a sub-filter may use, in bits.
+const (
+	MinFingerprintBits = 4
+	MaxFingerprintBits = 32
+)
+
+// MaxSubFilters bounds the chain. RedisBloom stops at 32 expansions by
+// default; with tightened fingerprints the width reaches 32 bits long before
+// this bound (see Params.SubFilterBits).
 const MaxSubFilters = 64
 
-// maxBuckets bounds one sub-filter so that bucket indexes never reach the
-// high 32 bits of the hash, which belong to the fingerprint.
-const maxBuckets = 1 << 32
+// maxPageBits bounds a sub-filter to 2^20 pages, so that the page index and
+// the bucket inside the page both come from the low 32 bits of the hash,
+// leaving the high 32 bits to the fingerprint.
+const maxPageBits = 20
+
+// tightening is the ratio r of the geometric false-positive budget: sub-filter
+// i may contribute TargetFPR*(1-r)*r^i (see SubFilterBits).
+const tightening = 0.5
 
 // Params are the parameters of a chain. They are written in the chain
 // metadata; state written with other Params is refused (ErrParams).
 type Params struct {
-	// FingerprintBits is the fingerprint width f in bits: 8, 16 or 32
-	// (default 16). The false-positive rate of a sub-filter is about
-	// 2*b*load/2^f.
+	// TargetFPR is the false-positive rate the whole chain must stay under
+	// as it grows (default 1e-4): each new sub-filter gets a narrower share
+	// of it and a wider fingerprint (SubFilterBits). Ignored when
+	// FingerprintBits is set.
+	TargetFPR float64
+	// FingerprintBits, when set, fixes every sub-filter's fingerprint
+	// width (4 to 32 bits) instead of deriving widths from TargetFPR; the
+	// chain's false-positive rate then grows with every sub-filter, as
+	// RedisBloom's does.
 	FingerprintBits int
 	// BucketSize is the number of slots per bucket b: 2, 4 or 8 (default 4).
 	// The paper's maximum load is 84% at b=2, 95% at b=4 and 98% at b=8.
 	BucketSize int
 	// Capacity is the number of keys the first sub-filter is sized for
-	// (default 1,000,000); its bucket count is Capacity/BucketSize rounded
-	// up to a power of two and to at least one page.
+	// (default 1,000,000); its page count is rounded up to a power of two.
 	Capacity uint64
 	// MaxKicks is the length limit of an eviction walk before the chain
 	// grows (default 500, as RedisBloom's MAXITERATIONS).
 	MaxKicks int
-	// Expansion is how many times more buckets each new sub-filter has than
+	// Expansion is how many times more pages each new sub-filter has than
 	// the newest one (default 2; rounded up to a power of two; 1 keeps the
 	// size).
 	Expansion int
 	// PageBytes is the size of a page in bytes (default 4096): a power of
-	// two holding at least one bucket. 2-4 KiB pages store 96-98% useful
-	// bytes in an LSM store (Kvrocks PR #3481 review).
+	// two holding at least one bucket of 32-bit fingerprints. 2-4 KiB pages
+	// store 96-98% useful bytes in an LSM store (Kvrocks PR #3481 review).
 	PageBytes int
 }
 
 // WithDefaults returns p with every zero field set to its default.
 func (p Params) WithDefaults() Params {
-	if p.FingerprintBits == 0 {
-		p.FingerprintBits = DefaultFingerprintBits
+	if p.TargetFPR == 0 && p.FingerprintBits == 0 {
+		p.TargetFPR = DefaultTargetFPR
+	}
+	if p.FingerprintBits != 0 {
+		p.TargetFPR = 0 // the explicit width wins; keep one encoding per state
 	}
 	if p.BucketSize == 0 {
 		p.BucketSize = DefaultBucketSize
@@ -79,18 +99,16 @@ func (p Params) WithDefaults() Params {
 func (p Params) Validate() error {
 	p = p.WithDefaults()
 	var errs []error
-	switch p.FingerprintBits {
-	case 8, 16, 32:
-	default:
-		errs = append(errs, fmt.Errorf("filter: fingerprint bits %d: must be 8, 16 or 32", p.FingerprintBits))
+	if p.FingerprintBits != 0 && (p.FingerprintBits < MinFingerprintBits || p.FingerprintBits > MaxFingerprintBits) {
+		errs = append(errs, fmt.Errorf("filter: fingerprint bits %d: must be %d to %d", p.FingerprintBits, MinFingerprintBits, MaxFingerprintBits))
+	}
+	if p.FingerprintBits == 0 && !(p.TargetFPR > 0 && p.TargetFPR < 1) {
+		errs = append(errs, fmt.Errorf("filter: target false-positive rate %g: must be between 0 and 1", p.TargetFPR))
 	}
 	switch p.BucketSize {
 	case 2, 4, 8:
 	default:
 		errs = append(errs, fmt.Errorf("filter: bucket size %d: must be 2, 4 or 8", p.BucketSize))
-	}
-	if p.Capacity > maxBuckets {
-		errs = append(errs, fmt.Errorf("filter: capacity %d: must be at most %d", p.Capacity, uint64(maxBuckets)))
 	}
 	if p.MaxKicks < 1 || p.MaxKicks > 100_000 {
 		errs = append(errs, fmt.Errorf("filter: max kicks %d: must be 1..100000", p.MaxKicks))
@@ -100,35 +118,65 @@ func (p Params) Validate() error {
 	}
 	if p.PageBytes <= 0 || p.PageBytes&(p.PageBytes-1) != 0 || p.PageBytes > 1<<20 {
 		errs = append(errs, fmt.Errorf("filter: page bytes %d: must be a power of two up to 1 MiB", p.PageBytes))
-	} else if len(errs) == 0 && p.PageBytes < p.bucketBytes() {
-		errs = append(errs, fmt.Errorf("filter: page bytes %d: smaller than one bucket (%d bytes)", p.PageBytes, p.bucketBytes()))
+	} else if len(errs) == 0 && p.PageBytes*8 < p.BucketSize*MaxFingerprintBits {
+		errs = append(errs, fmt.Errorf("filter: page bytes %d: smaller than one bucket of %d-bit fingerprints", p.PageBytes, MaxFingerprintBits))
+	}
+	if len(errs) == 0 && p.firstPages() > 1<<maxPageBits {
+		errs = append(errs, fmt.Errorf("filter: capacity %d needs more than 2^%d pages of %d bytes: raise the page size", p.Capacity, maxPageBits, p.PageBytes))
 	}
 	return errors.Join(errs...)
 }
 
 // String formats p as the stored-versus-configured comparisons print it.
 func (p Params) String() string {
-	return fmt.Sprintf("fingerprint_bits=%d bucket_size=%d capacity=%d max_kicks=%d expansion=%d page_bytes=%d",
-		p.FingerprintBits, p.BucketSize, p.Capacity, p.MaxKicks, p.Expansion, p.PageBytes)
+	return fmt.Sprintf("target_fpr=%g fingerprint_bits=%d bucket_size=%d capacity=%d max_kicks=%d expansion=%d page_bytes=%d",
+		p.TargetFPR, p.FingerprintBits, p.BucketSize, p.Capacity, p.MaxKicks, p.Expansion, p.PageBytes)
 }
 
-func (p Params) bucketBytes() int { return p.BucketSize * p.FingerprintBits / 8 }
-
-// BucketsPerPage is the number of buckets one page holds.
-func (p Params) BucketsPerPage() uint64 {
-	p = p.WithDefaults()
-	return uint64(p.PageBytes / p.bucketBytes())
+// SubFilterBits is the fingerprint width of sub-filter i (0 is the oldest).
+//
+// With FingerprintBits set it is that width. Otherwise the chain keeps its
+// false-positive rate under TargetFPR = ε by a geometric budget, as scalable
+// Bloom filters do (Almeida et al. 2007): sub-filter i may contribute
+// ε_i = ε(1-r)r^i with r = 1/2, and Σ ε_i = ε(1-r)/(1-r) = ε for any
+// number of sub-filters. A sub-filter at load α ≤ 1 has a false-positive
+// rate of at most 2bα/2^f (Fan et al. 2014, section 5.1), so
+//
+//	f_i = ⌈log2(2b/ε_i)⌉ = ⌈log2(2b/ε) + 1 + i⌉
+//
+// bits suffice: one bit more than a single filter needs, plus one per
+// expansion. With b=4 and ε=1e-4 that is 18 bits for the first sub-filter,
+// 19 for the second, and so on; the width is clamped to 4..32 bits, so past
+// 32 bits (15 sub-filters at these settings, 2^15 times the first capacity
+// with the default expansion) the chain can no longer keep the target, and
+// Stats.EstimatedFPR shows by how much. The price is one bit per key more
+// than a single filter for the first capacity, and one more bit for each
+// doubling of the chain beyond it.
+func (p Params) SubFilterBits(i int) int {
+	if p.FingerprintBits != 0 {
+		return p.FingerprintBits
+	}
+	budget := p.TargetFPR * (1 - tightening) * math.Pow(tightening, float64(i))
+	f := int(math.Ceil(math.Log2(2 * float64(p.BucketSize) / budget)))
+	return min(max(f, MinFingerprintBits), MaxFingerprintBits)
 }
 
-// firstBuckets is the bucket count of sub-filter 0.
-func (p Params) firstBuckets() uint64 {
-	n := (p.Capacity + uint64(p.BucketSize) - 1) / uint64(p.BucketSize)
-	return max(nextPow2(n), p.BucketsPerPage())
+// bucketsPerPage is how many buckets of f-bit fingerprints a page holds:
+// not a power of two in general, as fingerprints are bit-packed.
+func (p Params) bucketsPerPage(f int) uint64 {
+	return uint64(p.PageBytes * 8 / (p.BucketSize * f))
 }
 
-// nextBuckets is the bucket count of the sub-filter after one of n buckets.
-func (p Params) nextBuckets(n uint64) uint64 {
-	return min(nextPow2(n*uint64(p.Expansion)), maxBuckets)
+// firstPages is the page count of sub-filter 0: enough pages for Capacity
+// keys, rounded up to a power of two.
+func (p Params) firstPages() uint64 {
+	perPage := p.bucketsPerPage(p.SubFilterBits(0)) * uint64(p.BucketSize)
+	return nextPow2((p.Capacity + perPage - 1) / perPage)
+}
+
+// nextPages is the page count of the sub-filter after one of n pages.
+func (p Params) nextPages(n uint64) uint64 {
+	return min(nextPow2(n*uint64(p.Expansion)), 1<<maxPageBits)
 }
 
 func nextPow2(n uint64) uint64 {
@@ -143,5 +191,5 @@ func nextPow2(n uint64) uint64 {
 // al. section 5.1: a lookup compares 2b fingerprints, each matching with
 // probability 1/2^f).
 func ExpectedFPR(bucketSize, fingerprintBits int, load float64) float64 {
-	return 2 * float64(bucketSize) * load / float64(uint64(1)<<fingerprintBits)
+	return 2 * float64(bucketSize) * load / math.Exp2(float64(fingerprintBits))
 }
