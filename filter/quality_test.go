@@ -1,0 +1,129 @@
+package filter
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestTightenedFPRUnderTarget grows a chain 64 times past its initial
+// capacity with never-repeated keys at several target rates and measures
+// the false-positive rate on keys never inserted. The measured rate must be
+// at most the target plus a statistical margin of three standard deviations
+// of a binomial count at the target rate (3*sqrt(target/queries)). With the
+// same growth at the first sub-filter's constant width the estimated rate
+// exceeds the target, which is what tightening is for.
+func TestTightenedFPRUnderTarget(t *testing.T) {
+	const capacity = 4096
+	for _, tc := range []struct {
+		target  float64
+		queries int
+	}{{1e-2, 100_000}, {1e-3, 500_000}, {1e-4, 2_000_000}} {
+		t.Run(fmt.Sprintf("target=%g", tc.target), func(t *testing.T) {
+			p := Params{TargetFPR: tc.target, Capacity: capacity}
+			c, _ := newMem(t, p)
+			for i := range 64 * capacity {
+				if _, err := c.Insert(key("k", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fp := 0
+			for i := range tc.queries {
+				got, err := c.Contains(key("absent-", i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got {
+					fp++
+				}
+			}
+			rate := float64(fp) / float64(tc.queries)
+			margin := 3 * math.Sqrt(tc.target/float64(tc.queries))
+			st := c.Stats()
+			widths := []int{}
+			for _, sf := range c.SubFilters() {
+				widths = append(widths, sf.FingerprintBits)
+			}
+			constant, _ := newMem(t, Params{FingerprintBits: widths[0], Capacity: capacity})
+			for i := range 64 * capacity {
+				if _, err := constant.Insert(key("k", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Logf("target %g: %d sub-filters, widths %v, measured FPR %.3g (estimate %.3g, margin %.2g); constant %d bits: estimate %.3g",
+				tc.target, st.SubFilters, widths, rate, st.EstimatedFPR, margin, widths[0], constant.Stats().EstimatedFPR)
+			if st.SubFilters < 6 {
+				t.Fatalf("only %d sub-filters: the chain did not grow 64x", st.SubFilters)
+			}
+			if rate > tc.target+margin {
+				t.Errorf("measured FPR %.3g > target %g + margin %.2g", rate, tc.target, margin)
+			}
+			if st.EstimatedFPR > tc.target {
+				t.Errorf("estimated FPR %.3g > target %g", st.EstimatedFPR, tc.target)
+			}
+			if constant.Stats().EstimatedFPR <= tc.target {
+				t.Errorf("constant-width chain estimate %.3g is under the target: the comparison shows nothing", constant.Stats().EstimatedFPR)
+			}
+		})
+	}
+}
+
+// TestDecisionsIndependentOfPageSizeAndBatching is metamorphic: one stream
+// of inserts and deletes, run with 32-bit fingerprints over pages of 512,
+// 1024 and 4096 bytes and with the changes staged in an Overlay committed
+// every 1, 97 or 5000 operations, gives the same decisions in every run,
+// and they are the exact model's (a 32-bit false positive in 200k lookups
+// has a probability of about 1e-3 per run; the seed is fixed).
+func TestDecisionsIndependentOfPageSizeAndBatching(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	type op struct {
+		del bool
+		k   []byte
+	}
+	ops := make([]op, 200_000)
+	for i := range ops {
+		ops[i] = op{del: rng.IntN(6) == 0, k: key("k", rng.IntN(60_000))}
+	}
+	model := map[string]bool{}
+	want := make([]bool, len(ops))
+	for i, o := range ops {
+		if o.del {
+			want[i] = model[string(o.k)]
+			delete(model, string(o.k))
+		} else {
+			want[i] = !model[string(o.k)]
+			model[string(o.k)] = true
+		}
+	}
+	for _, pageBytes := range []int{512, 1024, 4096} {
+		for _, batch := range []int{1, 97, 5000} {
+			t.Run(fmt.Sprintf("page=%d batch=%d", pageBytes, batch), func(t *testing.T) {
+				ov := NewOverlay(NewMemPager(pageBytes))
+				c, err := New(Params{FingerprintBits: 32, Capacity: 8192, PageBytes: pageBytes}, ov)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, o := range ops {
+					var got bool
+					if o.del {
+						got, err = c.Delete(o.k)
+					} else {
+						got, err = c.Insert(o.k)
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got != want[i] {
+						t.Fatalf("op %d (delete=%v %s): got %v, the model says %v", i, o.del, o.k, got, want[i])
+					}
+					if (i+1)%batch == 0 {
+						if err := ov.Commit(); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			})
+		}
+	}
+}
