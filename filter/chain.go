@@ -57,6 +57,14 @@ type Stats struct {
 	EstimatedFPR float64
 	// Bytes is the size of all pages of the chain (allocated or not).
 	Bytes uint64
+	// NewestFingerprintBits is the fingerprint width of the newest
+	// sub-filter.
+	NewestFingerprintBits int
+	// NearFull is set when the chain can add at most one more sub-filter
+	// before inserts fail (ErrFull) or, with a target rate, before a new
+	// sub-filter would need fingerprints wider than 32 bits and the chain
+	// would exceed its target.
+	NearFull bool
 }
 
 // Chain is a chained cuckoo filter over pages supplied by a Pager.
@@ -117,6 +125,10 @@ func (c *Chain) Stats() Stats {
 	s.LoadFactor = float64(s.Items) / float64(s.Slots)
 	newest := c.subs[len(c.subs)-1]
 	s.NewestLoadFactor = float64(newest.Items) / float64(newest.Slots(b))
+	s.NewestFingerprintBits = newest.FingerprintBits
+	n := len(c.subs)
+	s.NearFull = n >= MaxSubFilters-1 ||
+		(c.p.FingerprintBits == 0 && c.p.SubFilterBits(n+1) >= MaxFingerprintBits && c.p.SubFilterBits(n) >= MaxFingerprintBits)
 	return s
 }
 

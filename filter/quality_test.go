@@ -127,3 +127,29 @@ func TestDecisionsIndependentOfPageSizeAndBatching(t *testing.T) {
 		}
 	}
 }
+
+// TestNearFull: a chain whose next sub-filters would need fingerprints
+// wider than 32 bits to keep its target reports NearFull; a young chain
+// does not.
+func TestNearFull(t *testing.T) {
+	young, _ := newMem(t, Params{TargetFPR: 1e-4, Capacity: 64, PageBytes: 512})
+	if young.Stats().NearFull {
+		t.Fatal("a new chain reports near full")
+	}
+	// A target of 1e-7 with b=8 starts at 28 bits: 29, 30, 31, 32, then
+	// the width cannot grow.
+	c, _ := newMem(t, Params{TargetFPR: 1e-7, BucketSize: 8, Capacity: 64, PageBytes: 512, Expansion: 1})
+	for i := 0; !c.Stats().NearFull; i++ {
+		if i > 100_000 {
+			t.Fatalf("never near full; %d sub-filters", c.Stats().SubFilters)
+		}
+		if _, err := c.Insert(key("k", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := c.Stats()
+	if st.NewestFingerprintBits < MaxFingerprintBits-1 {
+		t.Fatalf("near full at %d-bit fingerprints, %d sub-filters", st.NewestFingerprintBits, st.SubFilters)
+	}
+	t.Logf("near full after %d sub-filters, newest %d bits, estimated FPR %.3g", st.SubFilters, st.NewestFingerprintBits, st.EstimatedFPR)
+}
