@@ -1,0 +1,549 @@
+package store_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"expvar"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/options"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/dedup"
+	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/store"
+)
+
+// The durable benchmarks run the real deduplicator (dedup.Partition) over a
+// Badger store on disk. They are sized by environment variables, because
+// their point is a large state:
+//
+//	KDEDUP_BENCH_KEYS        keys held before measuring (default 10,000,000)
+//	KDEDUP_BENCH_PARTITIONS  topic-partitions sharing them (default 16)
+//
+// Keys are 16 hexadecimal characters of a 64-bit mix of a counter (random
+// looking, so that neither store gains from shared prefixes); record i goes
+// to partition i mod partitions, as a key-hash partitioner spreads keys.
+// Every filter parameter is the default except PageBytes.
+//
+//	go test -run '^$' -bench 'Durable' -benchtime 5000000x -timeout 60m ./store
+//	go test -run '^$' -bench 'KeySetAtRest' -benchtime 10000000x -timeout 60m ./store
+
+func benchEnvInt(b *testing.B, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+// benchKey writes the key of record i into dst (16 bytes).
+func benchKey(dst []byte, i uint64) {
+	// splitmix64's finalizer: a bijection, so distinct i give distinct keys.
+	z := i + 0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	var raw [8]byte
+	binary.BigEndian.PutUint64(raw[:], z)
+	hex.Encode(dst, raw[:])
+}
+
+// rig feeds records to the deduplicators of several partitions of one store
+// and cuts write batches as consumer.Worker does at least once: a partition
+// commits when its dirty pages reach FlushBytes, and every FlushInterval of
+// work every partition with changes commits.
+type rig struct {
+	db         *store.DB
+	parts      []*dedup.Partition
+	next       []int64 // next offset of each partition
+	flushed    []int64 // checkpoint offset of each partition's last write batch
+	interval   time.Duration
+	flushBytes int64
+	lastFlush  time.Time
+	rec        kgo.Record
+	key        [16]byte
+	batches    int
+}
+
+func newRig(dir string, partitions, pageBytes int, interval time.Duration) (*rig, error) {
+	db, err := store.Open(store.Options{
+		Dir:       dir,
+		PageBytes: pageBytes,
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	r := &rig{
+		db:         db,
+		next:       make([]int64, partitions),
+		flushed:    make([]int64, partitions),
+		interval:   interval,
+		flushBytes: store.DefaultFlushBytes,
+		lastFlush:  time.Now(),
+		rec:        kgo.Record{Topic: "events", Value: []byte("v")},
+	}
+	for p := range partitions {
+		d, err := dedup.Open(db, "events", int32(p), dedup.Options{Filter: filter.Params{PageBytes: pageBytes}}, nil)
+		if err != nil {
+			return nil, errors.Join(err, r.close())
+		}
+		r.parts = append(r.parts, d)
+	}
+	return r, nil
+}
+
+// feed decides records [from, to).
+func (r *rig) feed(from, to uint64) error {
+	n := uint64(len(r.parts))
+	for i := from; i < to; i++ {
+		p := i % n
+		benchKey(r.key[:], i)
+		r.rec.Key = r.key[:]
+		r.rec.Partition = int32(p)
+		r.rec.Offset = r.next[p]
+		d := r.parts[p]
+		if _, err := d.Decide(&r.rec); err != nil {
+			return err
+		}
+		r.next[p]++
+		if d.DirtyBytes() >= r.flushBytes {
+			if err := r.commit(int(p)); err != nil {
+				return err
+			}
+		}
+		if i%1024 == 0 && time.Since(r.lastFlush) >= r.interval {
+			if err := r.commitAll(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (r *rig) commit(p int) error {
+	if r.next[p] == r.flushed[p] {
+		return nil
+	}
+	if err := r.parts[p].Commit(store.Checkpoint{Offset: r.next[p], LeaderEpoch: -1}); err != nil {
+		return err
+	}
+	r.flushed[p] = r.next[p]
+	r.batches++
+	return nil
+}
+
+func (r *rig) commitAll() error {
+	r.lastFlush = time.Now()
+	for p := range r.parts {
+		if err := r.commit(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stats sums the filter statistics of every partition.
+func (r *rig) stats() (items, slots, pageBytes uint64) {
+	for _, d := range r.parts {
+		s := d.Stats()
+		items += s.Items
+		slots += s.Slots
+		pageBytes += s.Bytes
+	}
+	return items, slots, pageBytes
+}
+
+func (r *rig) close() error {
+	for _, d := range r.parts {
+		d.Close()
+	}
+	return r.db.Close()
+}
+
+// usage is a sample of what the process has spent so far.
+type usage struct {
+	cpu                   time.Duration // user + system CPU time of the process
+	user, wal, compaction int64         // Badger expvar counters, bytes
+	diskWrite             int64         // /proc/self/io write_bytes
+	wall                  time.Time
+}
+
+func sample(b *testing.B) usage {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return usage{
+		cpu:        time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
+		user:       expvarInt("badger_write_bytes_user"),
+		wal:        expvarInt("badger_write_bytes_l0"),
+		compaction: expvarInt("badger_write_bytes_compaction"),
+		diskWrite:  procIO(b, "write_bytes"),
+		wall:       time.Now(),
+	}
+}
+
+// expvarInt reads a Badger expvar counter; a map (per level) is summed.
+func expvarInt(name string) int64 {
+	switch v := expvar.Get(name).(type) {
+	case *expvar.Int:
+		return v.Value()
+	case *expvar.Map:
+		var sum int64
+		v.Do(func(kv expvar.KeyValue) {
+			if i, ok := kv.Value.(*expvar.Int); ok {
+				sum += i.Value()
+			}
+		})
+		return sum
+	}
+	return 0
+}
+
+// procIO returns a field of /proc/self/io (bytes the kernel accounted to
+// the process), or -1 where it is not available.
+func procIO(b *testing.B, field string) int64 {
+	data, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return -1
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), ": ")
+		if ok && name == field {
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil {
+				b.Fatalf("/proc/self/io %s: %v", field, err)
+			}
+			return n
+		}
+	}
+	return -1
+}
+
+// peakRSS returns VmHWM from /proc/self/status in bytes (-1 if unknown).
+func peakRSS() int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return -1
+			}
+			return kb << 10
+		}
+	}
+	return -1
+}
+
+// diskBytes returns the space allocated to the files under dir (as du
+// counts it: Badger preallocates sparse files).
+func diskBytes(b *testing.B, dir string) int64 {
+	var total int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			total += st.Blocks * 512
+		} else {
+			total += fi.Size()
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return total
+}
+
+// atRest is the space a closed Badger directory takes at rest, as du
+// counts it.
+type atRest struct {
+	// closed is the directory as its writer left it.
+	closed int64
+	// flattened is the directory after Flatten (with one level-0 table
+	// allowed, so that level 0 is compacted too) and value-log GC run until
+	// it has nothing to rewrite.
+	flattened int64
+	// latest is a copy holding only the latest version of each key, written
+	// by Badger's Stream into a StreamWriter (the backup and restore path):
+	// what the state needs once compaction has dropped every overwritten
+	// page version.
+	latest int64
+}
+
+// measureAtRest compacts the closed Badger directory dir in place and copies
+// its latest versions into a new directory under tmp.
+func measureAtRest(b *testing.B, dir, tmp string, compression options.CompressionType) atRest {
+	b.Helper()
+	res := atRest{closed: diskBytes(b, dir)}
+	opts := func(d string) badger.Options {
+		return badger.DefaultOptions(d).WithCompression(compression).WithLogger(nil)
+	}
+	bdb, err := badger.Open(opts(dir).WithNumLevelZeroTables(1).WithNumLevelZeroTablesStall(2))
+	if err != nil {
+		b.Fatalf("opening %s: %v", dir, err)
+	}
+	if err := bdb.Flatten(2); err != nil {
+		b.Fatalf("flattening %s: %v", dir, err)
+	}
+	for {
+		err := bdb.RunValueLogGC(0.01)
+		if errors.Is(err, badger.ErrNoRewrite) || errors.Is(err, badger.ErrRejected) {
+			break
+		}
+		if err != nil {
+			b.Fatalf("value-log GC of %s: %v", dir, err)
+		}
+	}
+	if err := bdb.Close(); err != nil {
+		b.Fatalf("closing %s: %v", dir, err)
+	}
+	res.flattened = diskBytes(b, dir)
+
+	src, err := badger.Open(opts(dir).WithReadOnly(true))
+	if err != nil {
+		b.Fatalf("opening %s read-only: %v", dir, err)
+	}
+	defer src.Close()
+	copyDir := filepath.Join(tmp, "latest")
+	dst, err := badger.Open(opts(copyDir))
+	if err != nil {
+		b.Fatal(err)
+	}
+	sw := dst.NewStreamWriter()
+	if err := sw.Prepare(); err != nil {
+		b.Fatal(err)
+	}
+	st := src.NewStream()
+	st.Send = sw.Write
+	if err := st.Orchestrate(context.Background()); err != nil {
+		b.Fatalf("streaming %s: %v", dir, err)
+	}
+	if err := sw.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		b.Fatal(err)
+	}
+	res.latest = diskBytes(b, copyDir)
+	return res
+}
+
+func (r atRest) report(b *testing.B, keys float64) {
+	b.ReportMetric(float64(r.closed*8)/keys, "closed-bits/key")
+	b.ReportMetric(float64(r.flattened*8)/keys, "flat-bits/key")
+	b.ReportMetric(float64(r.latest*8)/keys, "rest-bits/key")
+}
+
+// BenchmarkDurable measures the durable cost per record: each op is one
+// record with a key never seen before (so every record inserts a
+// fingerprint and dirties a page) decided by dedup.Partition, as fast as
+// the deduplicators take them, with write batches cut as the worker cuts
+// them at least once (every flush interval of work, or at FlushBytes,
+// default 8 MiB, per partition; the end of the run commits the rest). The
+// store holds KDEDUP_BENCH_KEYS keys before the timed records start;
+// preloading them is not timed. Nothing is produced to Kafka.
+//
+// Metrics, per record: cpu-us/rec is the process's user+system CPU time
+// (getrusage, so it includes Badger's compactions and the Go runtime);
+// user-B/rec is what transactions hand Badger (expvar
+// badger_write_bytes_user); wal-B/rec what Badger wrote into memtables and
+// their write-ahead logs (badger_write_bytes_l0, which Badger counts on
+// memtable insertion, not on level-0 flush); compact-B/rec what compactions
+// wrote (badger_write_bytes_compaction, all levels); disk-B/rec what the
+// kernel accounted as written by the process (/proc/self/io write_bytes,
+// which includes the flushes of memtables to level 0 that Badger does not
+// count). batches/s are write batches (one per partition) per second.
+// load-end is the filters' load factor after the run.
+//
+// Run with a fixed count, e.g. -benchtime 5000000x: the metrics are deltas
+// over the run, and short runs cover few flush intervals.
+func BenchmarkDurable(b *testing.B) {
+	keys := benchEnvInt(b, "KDEDUP_BENCH_KEYS", 10_000_000)
+	partitions := benchEnvInt(b, "KDEDUP_BENCH_PARTITIONS", 16)
+	configs := []struct {
+		pageBytes int
+		interval  time.Duration
+	}{
+		{4096, 100 * time.Millisecond},
+		{4096, time.Second},
+		{4096, 5 * time.Second},
+		{1024, time.Second},
+		{16384, time.Second},
+	}
+	for _, c := range configs {
+		b.Run(fmt.Sprintf("page=%d/flush=%s", c.pageBytes, c.interval), func(b *testing.B) {
+			r, err := newRig(b.TempDir(), partitions, c.pageBytes, c.interval)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() {
+				if err := r.close(); err != nil {
+					b.Error(err)
+				}
+			}()
+			start := time.Now()
+			if err := r.feed(0, uint64(keys)); err != nil {
+				b.Fatal(err)
+			}
+			if err := r.commitAll(); err != nil {
+				b.Fatal(err)
+			}
+			items, slots, _ := r.stats()
+			b.Logf("preloaded %d keys into %d partitions in %s: load %.3f", items, partitions, time.Since(start).Round(time.Second), float64(items)/float64(slots))
+			fed := uint64(keys)
+			b.Run("records", func(b *testing.B) {
+				batches := r.batches
+				before := sample(b)
+				if err := r.feed(fed, fed+uint64(b.N)); err != nil {
+					b.Fatal(err)
+				}
+				if err := r.commitAll(); err != nil {
+					b.Fatal(err)
+				}
+				after := sample(b)
+				b.StopTimer()
+				fed += uint64(b.N)
+				n := float64(b.N)
+				b.ReportMetric(float64(after.cpu-before.cpu)/1e3/n, "cpu-us/rec")
+				b.ReportMetric(float64(after.user-before.user)/n, "user-B/rec")
+				b.ReportMetric(float64(after.wal-before.wal)/n, "wal-B/rec")
+				b.ReportMetric(float64(after.compaction-before.compaction)/n, "compact-B/rec")
+				if before.diskWrite >= 0 {
+					b.ReportMetric(float64(after.diskWrite-before.diskWrite)/n, "disk-B/rec")
+				}
+				b.ReportMetric(float64(r.batches-batches)/after.wall.Sub(before.wall).Seconds(), "batches/s")
+				items, slots, _ := r.stats()
+				b.ReportMetric(float64(items)/float64(slots), "load-end")
+			})
+			b.Logf("peak RSS of the benchmark process (VmHWM): %d MiB", peakRSS()>>20)
+		})
+	}
+}
+
+// BenchmarkKeySetAtRest compares the space two stores need for the same
+// b.N keys (run it with -benchtime 10000000x for ten million):
+//
+//   - filter: the keys decided by dedup.Partition over KDEDUP_BENCH_PARTITIONS
+//     partitions with the default parameters (write batches every second
+//     or 8 MiB), then the store closed.
+//   - exact-badger: one Badger key per dedup key with an empty value,
+//     Badger's default options (Snappy compression), written with a
+//     WriteBatch, then closed.
+//
+// Both directories are then measured as measureAtRest does. Metrics, in
+// bits per key held (directory size as du counts it): closed-bits/key as
+// the writer left it; flat-bits/key after Flatten and value-log GC;
+// rest-bits/key for a copy holding only the latest version of each key
+// (the state once compaction has dropped overwritten pages). For the filter
+// also mem-bits/key, the chains' page bytes per key (what the page cache
+// holds when every page is cached), f/load, the fingerprint bits of every
+// slot divided by the keys held (sum over sub-filters of slots times
+// fingerprint width: the space a cuckoo filter needs per key at that load,
+// with nothing else), and load, the load factor. ns/op is the time to
+// write one key, compaction not included.
+func BenchmarkKeySetAtRest(b *testing.B) {
+	partitions := benchEnvInt(b, "KDEDUP_BENCH_PARTITIONS", 16)
+	b.Run("filter", func(b *testing.B) {
+		dir := b.TempDir()
+		r, err := newRig(dir, partitions, 0, time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := r.feed(0, uint64(b.N)); err != nil {
+			b.Fatal(err)
+		}
+		if err := r.commitAll(); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		items, slots, pageBytes := r.stats()
+		for _, d := range r.parts {
+			d.Close()
+		}
+		r.parts = nil
+		// The fingerprint bits of every slot, from the committed chain
+		// metadata: sub-filters may differ in width.
+		var fBits float64
+		for p := range partitions {
+			sp, err := r.db.Partition("events", int32(p))
+			if err != nil {
+				b.Fatal(err)
+			}
+			raw := sp.Meta()
+			sp.Close()
+			if raw == nil {
+				continue // no record reached this partition
+			}
+			meta, err := filter.DecodeMeta(raw)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, sf := range meta.SubFilters {
+				fBits += float64(sf.Slots(meta.Params.BucketSize)) * float64(sf.FingerprintBits)
+			}
+		}
+		if err := r.close(); err != nil {
+			b.Fatal(err)
+		}
+		rest := measureAtRest(b, dir, b.TempDir(), options.None)
+		rest.report(b, float64(items))
+		b.ReportMetric(float64(pageBytes*8)/float64(items), "mem-bits/key")
+		b.ReportMetric(fBits/float64(items), "f/load")
+		b.ReportMetric(float64(items)/float64(slots), "load")
+	})
+	b.Run("exact-badger", func(b *testing.B) {
+		dir := b.TempDir()
+		bdb, err := badger.Open(badger.DefaultOptions(dir).WithLogger(nil))
+		if err != nil {
+			b.Fatal(err)
+		}
+		wb := bdb.NewWriteBatch()
+		var k [16]byte
+		for i := range uint64(b.N) {
+			benchKey(k[:], i)
+			if err := wb.Set(bytes.Clone(k[:]), nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := wb.Flush(); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := bdb.Close(); err != nil {
+			b.Fatal(err)
+		}
+		rest := measureAtRest(b, dir, b.TempDir(), options.Snappy)
+		rest.report(b, float64(b.N))
+	})
+}
