@@ -4,6 +4,7 @@
 //
 //	kdedup [run]    run the worker, configured by KDEDUP_* variables
 //	kdedup demo     run the worker against an in-process broker and check it
+//	kdedup bench    compare its records/s with a passthrough on that broker
 //	kdedup version  print the version
 //
 // Exit codes: 0 success, 1 runtime failure, 2 bad configuration or usage.
@@ -50,6 +51,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return runCmd(ctx, args, stderr)
 	case "demo":
 		return demoCmd(ctx, args, stdout, stderr)
+	case "bench":
+		return benchCmd(ctx, args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "kdedup", version())
 		return nil
@@ -67,6 +70,7 @@ func usage(w io.Writer) {
 usage:
   kdedup [run]     run the worker (configured by KDEDUP_* environment variables)
   kdedup demo      run the worker against an in-process broker and check its output
+  kdedup bench     compare the worker's records/s with a passthrough on an in-process broker
   kdedup version   print the version
 
 Configuration variables: kdedup run -h

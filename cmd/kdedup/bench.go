@@ -1,0 +1,427 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/internal/app"
+	"github.com/kdedup/kdedup/internal/scenario"
+)
+
+// benchCmd measures the worker's throughput against a stateless passthrough
+// on one in-process broker (franz-go's kfake): it produces a generated
+// stream once, then, for each round, runs the real worker and a franz-go
+// consumer that forwards every record at least once with the worker's client
+// settings, each in its own consumer group and to its own output topic, and
+// prints records/s for both and their ratio.
+func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o benchOptions
+	fs.IntVar(&o.records, "records", 1_000_000, "records produced to the input topic")
+	fs.IntVar(&o.partitions, "partitions", 4, "partitions of the input and output topics")
+	fs.IntVar(&o.rounds, "rounds", 1, "rounds of worker then passthrough; the summary takes the median")
+	fs.IntVar(&o.bits, "fingerprint-bits", 0, "KDEDUP_FINGERPRINT_BITS of the worker (0: the default)")
+	fs.BoolVar(&o.process, "worker-process", false, "run the worker as a child process (kdedup run) and report its peak resident memory")
+	fs.StringVar(&o.cacheBytes, "cache-bytes", "", "KDEDUP_CACHE_BYTES of the worker (empty: the default)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if o.records < 1 || o.partitions < 1 || o.rounds < 1 {
+		return fmt.Errorf("%w: -records, -partitions and -rounds must be at least 1", errUsage)
+	}
+
+	const in = "events"
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(o.partitions), in))
+	if err != nil {
+		return fmt.Errorf("starting in-process broker: %w", err)
+	}
+	defer cluster.Close()
+	o.brokers = cluster.ListenAddrs()
+	adm, err := kgo.NewClient(kgo.SeedBrokers(o.brokers...))
+	if err != nil {
+		return err
+	}
+	defer adm.Close()
+	o.adm = kadm.NewClient(adm)
+
+	keys, err := produceBench(ctx, o, in, stdout)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "stream: %d records, %d distinct keys, %d partitions; GOMAXPROCS %d\n", o.records, keys, o.partitions, runtime.GOMAXPROCS(0))
+
+	var worker, pass []float64
+	for round := 1; round <= o.rounds; round++ {
+		for _, run := range []struct {
+			name  string
+			rates *[]float64
+			fn    func(context.Context, benchOptions, string, string, io.Writer) (time.Duration, error)
+		}{
+			{"worker", &worker, runWorker},
+			{"passthrough", &pass, runPassthrough},
+		} {
+			group := fmt.Sprintf("%s-%d", run.name, round)
+			if _, err := o.adm.CreateTopic(ctx, int32(o.partitions), 1, nil, group+"-out"); err != nil {
+				return fmt.Errorf("creating %s-out: %w", group, err)
+			}
+			fmt.Fprintf(stdout, "round %d: %s (group %s) ...\n", round, run.name, group)
+			elapsed, err := run.fn(ctx, o, group, group+"-out", stdout)
+			if err != nil {
+				return fmt.Errorf("%s: %w", run.name, err)
+			}
+			rate := float64(o.records) / elapsed.Seconds()
+			*run.rates = append(*run.rates, rate)
+			fmt.Fprintf(stdout, "round %d: %s: %d records in %s: %.0f records/s\n", round, run.name, o.records, elapsed.Round(time.Millisecond), rate)
+			if ends, err := o.adm.ListEndOffsets(ctx, group+"-out"); err == nil {
+				var n int64
+				ends.Each(func(e kadm.ListedOffset) { n += e.Offset })
+				fmt.Fprintf(stdout, "  %s-out holds %d records\n", group, n)
+			}
+		}
+	}
+	w, p := median(worker), median(pass)
+	fmt.Fprintf(stdout, "\nworker %.0f records/s, passthrough %.0f records/s (median of %d): worker/passthrough %.2f\n", w, p, o.rounds, w/p)
+	return nil
+}
+
+type benchOptions struct {
+	records, partitions, rounds, bits int
+	process                           bool
+	cacheBytes                        string
+	brokers                           []string
+	adm                               *kadm.Client
+}
+
+// produceBench writes o.records records of a generated stream (producer
+// retries, replays, hot keys, tombstones, unkeyed records; see
+// internal/scenario) to topic and returns its distinct keys.
+func produceBench(ctx context.Context, o benchOptions, topic string, stdout io.Writer) (int, error) {
+	// Generate yields about 1.27 records per key; cut the stream at o.records.
+	recs := scenario.Generate(scenario.Options{Keys: o.records*4/5 + 1})
+	for len(recs) < o.records {
+		recs = append(recs, cloneRecords(recs[:min(len(recs), o.records-len(recs))])...)
+	}
+	recs = recs[:o.records]
+	keys := map[string]struct{}{}
+	for _, r := range recs {
+		if r.Key != nil {
+			keys[string(r.Key)] = struct{}{}
+		}
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(o.brokers...))
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	start, last := time.Now(), time.Now()
+	const chunk = 50_000
+	for i := 0; i < len(recs); i += chunk {
+		if err := scenario.Produce(ctx, cl, topic, recs[i:min(i+chunk, len(recs))]); err != nil {
+			return 0, err
+		}
+		if time.Since(last) >= 2*time.Second {
+			last = time.Now()
+			done := min(i+chunk, len(recs))
+			fmt.Fprintf(stdout, "  produced %d/%d records (%.0f%%)\n", done, len(recs), 100*float64(done)/float64(len(recs)))
+		}
+	}
+	fmt.Fprintf(stdout, "produced %d records to %s in %s\n", len(recs), topic, time.Since(start).Round(time.Millisecond))
+	return len(keys), nil
+}
+
+// runWorker runs the real worker (internal/app.Run, at least once, a fresh
+// data directory) until its group has committed the end of the input, and
+// returns the time from the group join (readiness) to that commit.
+func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io.Writer) (time.Duration, error) {
+	dir, err := os.MkdirTemp("", "kdedup-bench-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	env := map[string]string{
+		"KDEDUP_BROKERS": o.brokers[0], "KDEDUP_INPUT_TOPICS": "events", "KDEDUP_OUTPUT_TOPIC": out, "KDEDUP_GROUP": group,
+		"KDEDUP_DATA_DIR": dir, "KDEDUP_HTTP_ADDR": "127.0.0.1:0", "KDEDUP_LOG_FORMAT": "text", "KDEDUP_LOG_LEVEL": "warn",
+	}
+	if o.bits != 0 {
+		env["KDEDUP_FINGERPRINT_BITS"] = strconv.Itoa(o.bits)
+	}
+	if o.cacheBytes != "" {
+		env["KDEDUP_CACHE_BYTES"] = o.cacheBytes
+	}
+	if o.process {
+		return runWorkerProcess(ctx, o, env, group, stdout)
+	}
+	cfg, err := config.LoadFrom(env)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- app.Run(wctx, cfg, newLogger(os.Stderr, cfg.SlogLevel(), cfg.LogFormat), prometheus.NewRegistry(), func(a string) { addr <- a })
+	}()
+	var readyAt time.Time
+	select {
+	case a := <-addr:
+		if readyAt, err = waitReady(ctx, a, done); err != nil {
+			return 0, err
+		}
+	case err := <-done:
+		return 0, fmt.Errorf("worker stopped before listening: %w", err)
+	}
+	if err := waitGroup(ctx, o, group, readyAt, stdout); err != nil {
+		return 0, err
+	}
+	elapsed := time.Since(readyAt)
+	stop()
+	if err := <-done; err != nil {
+		return 0, fmt.Errorf("worker: %w", err)
+	}
+	return elapsed, nil
+}
+
+// runWorkerProcess runs the worker as `kdedup run` in a child process with
+// env, and reports the child's peak resident memory (getrusage maxrss) once
+// it has exited on SIGTERM.
+func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string, group string, stdout io.Writer) (time.Duration, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	env["KDEDUP_HTTP_ADDR"] = addr
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.Command(exe, "run")
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	readyAt, err := waitReady(ctx, addr, done)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		return 0, err
+	}
+	if err := waitGroup(ctx, o, group, readyAt, stdout); err != nil {
+		_ = cmd.Process.Kill()
+		<-done
+		return 0, err
+	}
+	elapsed := time.Since(readyAt)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return 0, err
+	}
+	if err := <-done; err != nil {
+		return 0, fmt.Errorf("worker process: %w", err)
+	}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		fmt.Fprintf(stdout, "  worker process: peak resident memory %d MiB, CPU %s user + %s system\n",
+			ru.Maxrss>>10, time.Duration(ru.Utime.Nano()).Round(time.Millisecond), time.Duration(ru.Stime.Nano()).Round(time.Millisecond))
+	}
+	return elapsed, nil
+}
+
+// runPassthrough consumes the input as a consumer group with the worker's
+// client settings (consumer.Worker's at-least-once options) and produces
+// every record unchanged to out: produce without waiting, and every second
+// (the worker's default flush interval) wait for the acks and mark the
+// offsets polled so far for the group commit, which franz-go sends every
+// second. It returns the time from the group join to the commit of the end
+// of the input.
+func runPassthrough(ctx context.Context, o benchOptions, group, out string, stdout io.Writer) (time.Duration, error) {
+	const interval = time.Second
+	var (
+		mu      sync.Mutex
+		readyAt time.Time
+		joined  = make(chan struct{})
+		once    sync.Once
+	)
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(o.brokers...),
+		kgo.ConsumerGroup(group),
+		kgo.ConsumeTopics("events"),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.SessionTimeout(45*time.Second),
+		kgo.HeartbeatInterval(3*time.Second),
+		kgo.MetadataMinAge(time.Second),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.DefaultProduceTopic(out),
+		kgo.AutoCommitMarks(),
+		kgo.AutoCommitInterval(interval),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) {
+			once.Do(func() {
+				mu.Lock()
+				readyAt = time.Now()
+				mu.Unlock()
+				close(joined)
+			})
+		}),
+	)
+	if err != nil {
+		return 0, err
+	}
+	pctx, stop := context.WithCancel(ctx)
+	defer stop()
+	loopDone := make(chan error, 1)
+	go func() { loopDone <- passthroughLoop(pctx, cl, interval) }()
+
+	select {
+	case <-joined:
+	case err := <-loopDone:
+		cl.Close()
+		return 0, fmt.Errorf("passthrough stopped before joining: %w", err)
+	case <-ctx.Done():
+		cl.Close()
+		return 0, ctx.Err()
+	}
+	mu.Lock()
+	start := readyAt
+	mu.Unlock()
+	err = waitGroup(ctx, o, group, start, stdout)
+	elapsed := time.Since(start)
+	stop()
+	lerr := <-loopDone
+	cl.Close()
+	if err != nil {
+		return 0, err
+	}
+	return elapsed, lerr
+}
+
+// passthroughLoop polls, produces every record, and every interval flushes
+// the producer and marks the offsets it covered.
+func passthroughLoop(ctx context.Context, cl *kgo.Client, interval time.Duration) error {
+	var prodErr error
+	var errMu sync.Mutex
+	pending := map[string]map[int32]kgo.EpochOffset{}
+	flush := func() error {
+		if err := cl.Flush(context.Background()); err != nil {
+			return err
+		}
+		errMu.Lock()
+		err := prodErr
+		errMu.Unlock()
+		if err != nil {
+			return err
+		}
+		if len(pending) > 0 {
+			cl.MarkCommitOffsets(pending)
+			pending = map[string]map[int32]kgo.EpochOffset{}
+		}
+		return nil
+	}
+	last := time.Now()
+	for {
+		pctx, cancel := context.WithDeadline(ctx, last.Add(interval))
+		fetches := cl.PollRecords(pctx, 10_000)
+		cancel()
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			cl.AllowRebalance()
+			return flush()
+		}
+		fetches.EachRecord(func(r *kgo.Record) {
+			cl.Produce(context.Background(), &kgo.Record{Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}, func(_ *kgo.Record, err error) {
+				if err != nil {
+					errMu.Lock()
+					prodErr = firstErr(prodErr, err)
+					errMu.Unlock()
+				}
+			})
+			ps := pending[r.Topic]
+			if ps == nil {
+				ps = map[int32]kgo.EpochOffset{}
+				pending[r.Topic] = ps
+			}
+			ps[r.Partition] = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
+		})
+		cl.AllowRebalance()
+		if time.Since(last) >= interval {
+			last = time.Now()
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// firstErr keeps the first non-nil error.
+func firstErr(first, next error) error {
+	if first != nil {
+		return first
+	}
+	return next
+}
+
+// waitGroup waits until group has committed the end of the input, printing
+// progress (committed records, records/s since start) every two seconds.
+func waitGroup(ctx context.Context, o benchOptions, group string, start time.Time, stdout io.Writer) error {
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
+	defer cancel()
+	caught := make(chan error, 1)
+	go func() { caught <- scenario.WaitCaughtUp(wctx, o.adm, group, "events") }()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-caught:
+			return err
+		case <-tick.C:
+			committed, err := o.adm.FetchOffsets(wctx, group)
+			if err != nil {
+				continue
+			}
+			var n int64
+			committed.Each(func(r kadm.OffsetResponse) {
+				if r.Topic == "events" && r.At > 0 {
+					n += r.At
+				}
+			})
+			fmt.Fprintf(stdout, "  %s: %d/%d records committed (%.0f%%), %.0f records/s so far\n",
+				group, n, o.records, 100*float64(n)/float64(o.records), float64(n)/time.Since(start).Seconds())
+		}
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
