@@ -40,6 +40,7 @@ type Config struct {
 	Key               string        `env:"KEY" envDefault:"" doc:"What makes two records duplicates: empty or key for the record key, header:NAME for the value of header NAME, json:PATH for a gjson path into the JSON record value"`
 	DeleteHeader      string        `env:"DELETE_HEADER" envDefault:"" doc:"NAME=VALUE: a record carrying header NAME with value VALUE deletes its key from the filter; empty disables deletes"`
 	ForwardTombstones bool          `env:"FORWARD_TOMBSTONES" envDefault:"true" doc:"Forward tombstones (records with a null value) to OUTPUT_TOPIC: true or false"`
+	MaxOccurrences    int           `env:"MAX_OCCURRENCES" envDefault:"1" doc:"Records forwarded per key until it is deleted, 1 to 2*BUCKET_SIZE; 1 deduplicates, more throttles (later records are dropped as over the limit)"`
 
 	// Cuckoo filter, per topic-partition.
 	FingerprintBits int    `env:"FINGERPRINT_BITS" envDefault:"16" doc:"Bits per fingerprint: 8, 16 or 32; each sub-filter's false-positive rate is at most 2*BUCKET_SIZE/2^FINGERPRINT_BITS (Fan et al., 2014, section 5.1)"`
@@ -266,6 +267,13 @@ func (c Config) Validate() error {
 	}
 	if c.Expansion < 1 || c.Expansion > maxExpansion {
 		v.add("Expansion", c.Expansion, fmt.Sprintf("must be from 1 to %d", maxExpansion))
+	}
+	// A bucket pair holds 2*BUCKET_SIZE copies of a key's fingerprint; a
+	// higher limit would add a sub-filter on every occurrence of a hot key.
+	if c.MaxOccurrences < 1 {
+		v.add("MaxOccurrences", c.MaxOccurrences, "must be at least 1")
+	} else if bucketOK && c.MaxOccurrences > 2*c.BucketSize {
+		v.add("MaxOccurrences", c.MaxOccurrences, fmt.Sprintf("must be at most 2*BUCKET_SIZE, %d: a bucket pair holds that many copies of a key's fingerprint", 2*c.BucketSize))
 	}
 
 	// Storage.

@@ -63,6 +63,7 @@ func TestLoadDefaults(t *testing.T) {
 		Key:               "",
 		DeleteHeader:      "",
 		ForwardTombstones: true,
+		MaxOccurrences:    1,
 		FingerprintBits:   16,
 		BucketSize:        4,
 		Capacity:          1_000_000,
@@ -141,6 +142,9 @@ func TestLoadValid(t *testing.T) {
 			return ok && n == "op" && v == "a=b"
 		}},
 		{"tombstones off", []string{"KDEDUP_FORWARD_TOMBSTONES", "false"}, func(c Config) bool { return !c.ForwardTombstones }},
+		{"max occurrences 2*b", []string{"KDEDUP_MAX_OCCURRENCES", "8"}, func(c Config) bool { return c.MaxOccurrences == 8 }},
+		{"max occurrences 2*b, b=8", []string{"KDEDUP_MAX_OCCURRENCES", "16", "KDEDUP_BUCKET_SIZE", "8"}, func(c Config) bool { return c.MaxOccurrences == 16 }},
+		{"max occurrences 2*b, b=2", []string{"KDEDUP_MAX_OCCURRENCES", "4", "KDEDUP_BUCKET_SIZE", "2"}, func(c Config) bool { return c.MaxOccurrences == 4 }},
 		{"session max", []string{"KDEDUP_SESSION_TIMEOUT", "30m"}, func(c Config) bool { return c.SessionTimeout == 30*time.Minute }},
 		{"http port 0", []string{"KDEDUP_HTTP_ADDR", "127.0.0.1:0"}, func(c Config) bool { return c.HTTPAddr == "127.0.0.1:0" }},
 		{"log level upper", []string{"KDEDUP_LOG_LEVEL", "DEBUG"}, func(c Config) bool { return c.SlogLevel() == slog.LevelDebug }},
@@ -196,6 +200,10 @@ func TestLoadRejects(t *testing.T) {
 		{"delete header no =", "KDEDUP_DELETE_HEADER", "op"},
 		{"delete header empty name", "KDEDUP_DELETE_HEADER", "=delete"},
 		{"tombstones parse", "KDEDUP_FORWARD_TOMBSTONES", "maybe"},
+		{"max occurrences 0", "KDEDUP_MAX_OCCURRENCES", "0"},
+		{"max occurrences negative", "KDEDUP_MAX_OCCURRENCES", "-2"},
+		{"max occurrences above 2*b", "KDEDUP_MAX_OCCURRENCES", "9"},
+		{"max occurrences parse", "KDEDUP_MAX_OCCURRENCES", "three"},
 		{"fingerprint parse", "KDEDUP_FINGERPRINT_BITS", "abc"},
 		{"fingerprint 12", "KDEDUP_FINGERPRINT_BITS", "12"},
 		{"fingerprint 64", "KDEDUP_FINGERPRINT_BITS", "64"},
@@ -272,6 +280,7 @@ func TestValidate(t *testing.T) {
 		{"flush interval", func(c *Config) { c.FlushInterval = 2 * time.Hour }, "KDEDUP_FLUSH_INTERVAL", "2h0m0s"},
 		{"session timeout", func(c *Config) { c.SessionTimeout = 500 * time.Millisecond }, "KDEDUP_SESSION_TIMEOUT", "500ms"},
 		{"input topics", func(c *Config) { c.InputTopics = []string{"a", "a"} }, "KDEDUP_INPUT_TOPICS", "a,a"},
+		{"max occurrences", func(c *Config) { c.BucketSize = 2; c.MaxOccurrences = 5 }, "KDEDUP_MAX_OCCURRENCES", "5"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := valid
@@ -348,6 +357,8 @@ func TestLoadNoKnockOnProblems(t *testing.T) {
 		{"page too big", []string{"KDEDUP_PAGE_BYTES", "1GiB"}, "KDEDUP_PAGE_BYTES"},
 		{"page unparsable", []string{"KDEDUP_PAGE_BYTES", "big"}, "KDEDUP_PAGE_BYTES"},
 		{"output illegal", []string{"KDEDUP_OUTPUT_TOPIC", "a b", "KDEDUP_INPUT_TOPICS", "a b"}, ""},
+		// MAX_OCCURRENCES=9 is within 2*BUCKET_SIZE for some valid bucket size.
+		{"bucket invalid", []string{"KDEDUP_BUCKET_SIZE", "5", "KDEDUP_MAX_OCCURRENCES", "9"}, "KDEDUP_BUCKET_SIZE"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := LoadFrom(with(tc.kv...))
@@ -535,5 +546,23 @@ func TestProblemString(t *testing.T) {
 				t.Errorf("String() = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// The limit's problem names the variable and the bound it exceeds, which
+// depends on BUCKET_SIZE.
+func TestMaxOccurrencesMessage(t *testing.T) {
+	for _, tc := range []struct {
+		kv   []string
+		want string
+	}{
+		{[]string{"KDEDUP_MAX_OCCURRENCES", "9"}, "KDEDUP_MAX_OCCURRENCES=9: must be at most 2*BUCKET_SIZE, 8"},
+		{[]string{"KDEDUP_MAX_OCCURRENCES", "5", "KDEDUP_BUCKET_SIZE", "2"}, "KDEDUP_MAX_OCCURRENCES=5: must be at most 2*BUCKET_SIZE, 4"},
+		{[]string{"KDEDUP_MAX_OCCURRENCES", "0"}, "KDEDUP_MAX_OCCURRENCES=0: must be at least 1"},
+	} {
+		_, err := LoadFrom(with(tc.kv...))
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("LoadFrom(%v): %v; want a problem starting %q", tc.kv, err, tc.want)
+		}
 	}
 }

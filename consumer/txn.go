@@ -29,10 +29,14 @@ import (
 // producer is unusable and the session must be restarted; a partition's
 // storage failure stops the worker through fail.
 func (w *Worker) transactLoop(ctx context.Context) error {
-	// One transaction's dirtied pages must fit in half a write batch: each
-	// record dirties at most one page.
-	maxRecords := int(max(1, min(pollRecords, w.opts.FlushBytes/int64(w.opts.PageBytes)/2)))
+	// One transaction's dirtied pages must fit in half a write batch
+	// (flushDue cuts one at the other half). A record dirties at most pages
+	// pages, as of the partitions owned when the poll starts; a partition
+	// assigned during the poll starts with no dirty pages, so its first
+	// transaction has a whole write batch of room.
+	pages := 1
 	for ctx.Err() == nil {
+		maxRecords := int(max(1, min(pollRecords, w.opts.FlushBytes/int64(w.opts.PageBytes)/2/int64(pages))))
 		pctx, cancel := context.WithTimeout(ctx, w.opts.FlushInterval)
 		fetches := w.sess.PollRecords(pctx, maxRecords)
 		cancel()
@@ -49,9 +53,23 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 			}
 		}
 		w.flushDue()
+		pages = w.maxDirtyPagesPerRecord()
 		w.sess.AllowRebalance()
 	}
 	return nil
+}
+
+// maxDirtyPagesPerRecord is the most filter pages one record can dirty in
+// any owned partition (dedup.Partition.MaxDirtyPagesPerRecord), at least 1.
+// It runs between transactions, with rebalances blocked.
+func (w *Worker) maxDirtyPagesPerRecord() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 1
+	for _, pw := range w.parts {
+		n = max(n, pw.d.MaxDirtyPagesPerRecord())
+	}
+	return n
 }
 
 // errPartitionFailed marks a transaction aborted because a partition failed

@@ -69,8 +69,10 @@ type Options struct {
 	// reach it (default 8 MiB). It must fit in one Badger transaction.
 	FlushBytes int64
 	// PageBytes is the filter page size (default 4096). With ExactlyOnce a
-	// transaction covers at most FlushBytes/PageBytes/2 records, so that the
-	// pages it dirties fit in a write batch.
+	// transaction covers at most FlushBytes/PageBytes/2 records, divided by
+	// the pages one record can dirty (dedup.Partition.MaxDirtyPagesPerRecord,
+	// 1 unless MaxOccurrences is above 1), so that the pages it dirties fit
+	// in a write batch.
 	PageBytes int
 	// Open opens the deduplicator of an assigned topic-partition. It is
 	// called from the group's callbacks, one partition at a time; with

@@ -11,6 +11,11 @@
 // since, or, with probability about the filter's estimated false-positive
 // rate, a key never seen (a false drop).
 //
+// With Options.MaxOccurrences N above 1 the partition throttles instead:
+// the first N records of a key are forwarded, one fingerprint copy each,
+// and later ones are over the limit (dropped) until a delete removes every
+// copy of the key.
+//
 // dedup does no network I/O; package consumer feeds it records and produces
 // what it forwards.
 package dedup

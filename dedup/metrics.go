@@ -13,7 +13,7 @@ import (
 // Create one per process with NewMetrics and share it between Partitions;
 // safe for concurrent use.
 type Metrics struct {
-	consumed, forwarded, duplicates, deletes, deletesMissing, unkeyed, replayed *prometheus.CounterVec
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed *prometheus.CounterVec
 
 	commitSeconds prometheus.Histogram
 
@@ -34,6 +34,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		consumed:       counter("kdedup_consumed_records_total", "Input records decided."),
 		forwarded:      counter("kdedup_forwarded_records_total", "Records decided to go to the output topic (new keys, unkeyed records, forwarded tombstones)."),
 		duplicates:     counter("kdedup_duplicate_records_total", "Records dropped because their key was seen before."),
+		overLimit:      counter("kdedup_over_limit_records_total", "Records dropped because their key was forwarded MAX_OCCURRENCES times since its last delete (only with MAX_OCCURRENCES above 1)."),
 		deletes:        counter("kdedup_delete_records_total", "Tombstones and delete-marked records applied to the filter."),
 		deletesMissing: counter("kdedup_delete_missing_total", "Deletes whose key was not in the filter."),
 		unkeyed:        counter("kdedup_unkeyed_records_total", "Records without a usable dedup key, forwarded unchanged."),
@@ -56,8 +57,8 @@ type partitionMetrics struct {
 	m      *Metrics
 	labels []string
 
-	consumed, forwarded, duplicates, deletes, deletesMissing, unkeyed, replayed prometheus.Counter
-	commitSeconds                                                               prometheus.Observer
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed prometheus.Counter
+	commitSeconds                                                                          prometheus.Observer
 }
 
 func (m *Metrics) forPartition(topic string, partition int32) partitionMetrics {
@@ -68,6 +69,7 @@ func (m *Metrics) forPartition(topic string, partition int32) partitionMetrics {
 		consumed:       m.consumed.WithLabelValues(l...),
 		forwarded:      m.forwarded.WithLabelValues(l...),
 		duplicates:     m.duplicates.WithLabelValues(l...),
+		overLimit:      m.overLimit.WithLabelValues(l...),
 		deletes:        m.deletes.WithLabelValues(l...),
 		deletesMissing: m.deletesMissing.WithLabelValues(l...),
 		unkeyed:        m.unkeyed.WithLabelValues(l...),

@@ -29,6 +29,11 @@ const (
 	// Unkeyed: no dedup key could be derived; the record is forwarded
 	// unchanged and counted.
 	Unkeyed
+	// OverLimit: with Options.MaxOccurrences above 1, the key was forwarded
+	// MaxOccurrences times since it was last deleted (or, rarely, other keys
+	// sharing its fingerprint make it look so); the record is dropped. With
+	// MaxOccurrences 1 a repeat is a Duplicate instead.
+	OverLimit
 )
 
 func (d Decision) String() string {
@@ -41,6 +46,8 @@ func (d Decision) String() string {
 		return "delete"
 	case Unkeyed:
 		return "unkeyed"
+	case OverLimit:
+		return "over-limit"
 	}
 	return "decision(" + strconv.Itoa(int(d)) + ")"
 }
@@ -65,6 +72,35 @@ type Options struct {
 	// (or drops it on DiscardStaged), for exactly-once delivery, where a
 	// Kafka transaction may abort and rewind the input.
 	Staged bool
+	// MaxOccurrences is how many records of one key are forwarded before
+	// the rest are dropped, counted since the key was last deleted: 1
+	// (default; 0 means 1) is deduplication, repeats are Duplicate; above 1
+	// the filter keeps one fingerprint copy per forwarded record (Chain.Add,
+	// CF.ADD) and a record whose key already has MaxOccurrences copies
+	// (Chain.Count, CF.COUNT) is OverLimit. At most 2*BucketSize, the
+	// copies one bucket pair holds: more would spill into a new sub-filter
+	// on every occurrence of a hot key. Open returns ErrOptions otherwise.
+	//
+	// Count also counts the copies of other keys that share the key's
+	// fingerprint and buckets, so a key can be throttled before its
+	// MaxOccurrences-th record, with probability about the filter's
+	// estimated false-positive rate per record; it is never forwarded more
+	// than MaxOccurrences times. The limit may change between runs over
+	// the same state: deletes remove every copy whatever the limit was.
+	MaxOccurrences int
+}
+
+// ErrOptions is returned (wrapped) by Open for Options out of range.
+var ErrOptions = errors.New("dedup: invalid options")
+
+func (o Options) maxOccurrences() int { return max(1, o.MaxOccurrences) }
+
+func (o Options) validate() error {
+	b := o.Filter.WithDefaults().BucketSize
+	if o.MaxOccurrences < 0 || o.MaxOccurrences > 2*b {
+		return fmt.Errorf("%w: MaxOccurrences %d must be from 1 to %d (twice the bucket size %d)", ErrOptions, o.MaxOccurrences, 2*b, b)
+	}
+	return nil
 }
 
 // Forwards reports whether a record decided d goes to the output topic.
@@ -99,16 +135,20 @@ type Partition struct {
 
 // tally counts decisions not yet added to the metrics.
 type tally struct {
-	consumed, forwarded, duplicates, deletes, deletesMissing, unkeyed, replayed int
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed int
 }
 
 // Open opens the state of topic/partition in db, or starts an empty filter
 // when there is none. It returns filter.ErrParams (wrapped) when the stored
 // state was written with other filter parameters or format version, and
 // store or filter corruption errors as they are: state is never wiped.
+// It returns ErrOptions (wrapped) when opts are out of range.
 // m may be shared by every Partition of the process; nil means unregistered
 // metrics.
 func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics) (*Partition, error) {
+	if err := opts.validate(); err != nil {
+		return nil, fmt.Errorf("opening %s/%d: %w", topic, partition, err)
+	}
 	st, err := db.Partition(topic, partition)
 	if err != nil {
 		return nil, fmt.Errorf("opening state of %s/%d: %w", topic, partition, err)
@@ -164,14 +204,28 @@ func (p *Partition) decide(r *kgo.Record) (Decision, error) {
 		return Unkeyed, nil
 	}
 	if r.Value == nil || p.isDeleteMarker(r) {
-		found, err := p.chain.Delete(key)
+		found, err := p.deleteAll(key)
 		if err != nil {
 			return Delete, p.wrap(r, err)
 		}
-		if !found {
+		if found == 0 {
 			p.tally.deletesMissing++
 		}
 		return Delete, nil
+	}
+	if limit := p.opts.maxOccurrences(); limit > 1 {
+		n, err := p.chain.Count(key)
+		if err != nil {
+			return Forward, p.wrap(r, err)
+		}
+		if n >= limit {
+			// No copy beyond the limit: a hot key never grows the chain.
+			return OverLimit, nil
+		}
+		if err := p.chain.Add(key); err != nil {
+			return Forward, p.wrap(r, err)
+		}
+		return Forward, nil
 	}
 	added, err := p.chain.Insert(key)
 	if err != nil {
@@ -183,6 +237,28 @@ func (p *Partition) decide(r *kgo.Record) (Decision, error) {
 	return Forward, nil
 }
 
+// deleteAll removes every copy of key's fingerprint and returns how many it
+// removed. The key holds at most MaxOccurrences of them (a limit lowered
+// since may have left more); removing all is what makes the key's next
+// record a Forward whatever the limit. Copies of other keys sharing the
+// fingerprint and buckets go too: each lets one more record of that key
+// through later, it never drops one.
+func (p *Partition) deleteAll(key []byte) (int, error) {
+	// The slots of the key's two candidate buckets in every sub-filter of
+	// the longest chain: each Delete that finds a copy empties one of them,
+	// so the loop ends before this bound.
+	bound := 2 * p.chain.Params().BucketSize * filter.MaxSubFilters
+	n := 0
+	for n < bound {
+		found, err := p.chain.Delete(key)
+		if err != nil || !found {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
 func (p *Partition) count(d Decision) {
 	t := &p.tally
 	t.consumed++
@@ -191,6 +267,8 @@ func (p *Partition) count(d Decision) {
 		t.forwarded++
 	case Duplicate:
 		t.duplicates++
+	case OverLimit:
+		t.overLimit++
 	case Delete:
 		t.deletes++
 		if !p.opts.DropTombstones {
@@ -213,6 +291,7 @@ func (p *Partition) publish(force bool) {
 	m.consumed.Add(float64(t.consumed))
 	m.forwarded.Add(float64(t.forwarded))
 	m.duplicates.Add(float64(t.duplicates))
+	m.overLimit.Add(float64(t.overLimit))
 	m.deletes.Add(float64(t.deletes))
 	m.deletesMissing.Add(float64(t.deletesMissing))
 	m.unkeyed.Add(float64(t.unkeyed))
@@ -280,6 +359,19 @@ func (p *Partition) DirtyBytes() int64 { return p.state.DirtyBytes() }
 // Checkpoint returns the committed checkpoint: the next input offset the
 // state reflects. ok is false when the partition has no committed state.
 func (p *Partition) Checkpoint() (cp store.Checkpoint, ok bool) { return p.state.Checkpoint() }
+
+// MaxDirtyPagesPerRecord bounds the filter pages deciding one record
+// changes, for sizing a batch of records whose changes must fit in one
+// write batch: an insert changes one page; a delete changes one page per
+// sub-filter holding a copy of its key, and a key has at most
+// MaxOccurrences copies. (A lowered limit can leave more copies, and other
+// keys' copies sharing the fingerprint, with probability about the
+// false-positive rate, can add a page; bounds with headroom absorb both.)
+// A chain that grows afterwards holds in its new sub-filters only copies
+// added after this call, whose pages their adds changed already.
+func (p *Partition) MaxDirtyPagesPerRecord() int {
+	return min(p.opts.maxOccurrences(), p.chain.Stats().SubFilters)
+}
 
 // Stats returns the filter's load, sub-filters and estimated false-positive
 // rate.

@@ -593,6 +593,7 @@ func TestDecisionString(t *testing.T) {
 		{Duplicate, "duplicate"},
 		{Delete, "delete"},
 		{Unkeyed, "unkeyed"},
+		{OverLimit, "over-limit"},
 		{Decision(9), "decision(9)"},
 	} {
 		t.Run(tc.want, func(t *testing.T) {

@@ -33,8 +33,8 @@ func requireExact(t *testing.T, want, got scenario.Model) {
 		}
 		t.Fatalf("output differs from the exact model (%d records expected, %d read)", want.Stats.Forwarded, got.Stats.Forwarded)
 	}
-	t.Logf("output equals the exact model: %d consumed, %d forwarded, %d duplicates, %d deletes, %d unkeyed",
-		want.Stats.Consumed, want.Stats.Forwarded, want.Stats.Duplicates, want.Stats.Deletes, want.Stats.Unkeyed)
+	t.Logf("output equals the exact model: %d consumed, %d forwarded, %d duplicates, %d over the limit, %d deletes, %d unkeyed",
+		want.Stats.Consumed, want.Stats.Forwarded, want.Stats.Duplicates, want.Stats.OverLimit, want.Stats.Deletes, want.Stats.Unkeyed)
 }
 
 func requireNothingMissing(t *testing.T, want, got scenario.Model) int {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,7 @@ type pipeline struct {
 	group      string
 	partitions int32
 	delivery   string            // KDEDUP_DELIVERY, default at-least-once
+	maxOcc     int               // KDEDUP_MAX_OCCURRENCES, 0 for the default
 	extraEnv   map[string]string // overrides of env
 }
 
@@ -65,6 +67,9 @@ func (p *pipeline) env(dataDir string) map[string]string {
 		"KDEDUP_DELIVERY":         p.delivery,
 		"KDEDUP_LOG_LEVEL":        "warn",
 		"KDEDUP_LOG_FORMAT":       "text",
+	}
+	if p.maxOcc != 0 {
+		env["KDEDUP_MAX_OCCURRENCES"] = strconv.Itoa(p.maxOcc)
 	}
 	for k, v := range p.extraEnv {
 		env[k] = v
@@ -291,7 +296,13 @@ func (p *pipeline) output(t *testing.T, recs []*kgo.Record) (want, got scenario.
 	if err != nil {
 		t.Fatal(err)
 	}
-	return scenario.Expect(recs, true), scenario.Observe(out)
+	want, _ = p.expect(recs)
+	return want, scenario.Observe(out)
+}
+
+// expect is the exact model of recs with the pipeline's settings.
+func (p *pipeline) expect(recs []*kgo.Record) (out, dropped scenario.Model) {
+	return scenario.ExpectWith(recs, scenario.ExpectOptions{MaxOccurrences: p.maxOcc})
 }
 
 // waitMembers waits until the group is stable with n members that each own

@@ -146,6 +146,7 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 		DeleteHeader:   name,
 		DeleteValue:    value,
 		DropTombstones: !cfg.ForwardTombstones,
+		MaxOccurrences: cfg.MaxOccurrences,
 		Staged:         delivery(cfg) == consumer.ExactlyOnce,
 		Filter: filter.Params{
 			FingerprintBits: cfg.FingerprintBits,

@@ -123,7 +123,7 @@ func Generate(o Options) []*kgo.Record {
 
 // Stats counts decisions of the exact model.
 type Stats struct {
-	Consumed, Forwarded, Duplicates, Deletes, Unkeyed int
+	Consumed, Forwarded, Duplicates, OverLimit, Deletes, Unkeyed int
 }
 
 // Model is an expected or observed output: for each key, the signatures of
@@ -150,41 +150,97 @@ func Signature(r *kgo.Record) string {
 	return b.String()
 }
 
+// ExpectOptions are the worker settings the exact model follows. The zero
+// value is the worker's defaults.
+type ExpectOptions struct {
+	// DropTombstones drops tombstones instead of forwarding them
+	// (KDEDUP_FORWARD_TOMBSTONES=false).
+	DropTombstones bool
+	// MaxOccurrences is how many records of a key are forwarded until its
+	// next tombstone (KDEDUP_MAX_OCCURRENCES; 0 means 1).
+	MaxOccurrences int
+}
+
 // Expect runs the exact deduplication model over produced records (Partition
 // and Offset set, as Produce leaves them): per topic-partition in offset
 // order, a keyed record is forwarded when its key is not in the set and then
 // added; a tombstone removes its key and is forwarded when forwardTombstones;
 // a record without a key is forwarded.
 func Expect(recs []*kgo.Record, forwardTombstones bool) Model {
-	m := Model{PerKey: map[string][]string{}}
+	out, _ := ExpectWith(recs, ExpectOptions{DropTombstones: !forwardTombstones})
+	return out
+}
+
+// Reasons a dropped record carries in its kdedup-reason header.
+const (
+	ReasonDuplicate = "duplicate"
+	ReasonLimit     = "occurrence-limit"
+)
+
+// ExpectWith runs the exact model with o over produced records (Topic,
+// Partition and Offset set, as Produce leaves them): per topic-partition in
+// offset order, a keyed record is forwarded while its key was forwarded
+// fewer than o.MaxOccurrences times since its last tombstone, and dropped
+// otherwise; a tombstone resets its key's count and is forwarded unless
+// o.DropTombstones; a record without a key is forwarded.
+//
+// out is what the output topic must hold. dropped is what the duplicates
+// topic (KDEDUP_DUPLICATES_TOPIC) must hold: each dropped record unchanged
+// but for two headers appended, kdedup-reason (ReasonDuplicate with a limit
+// of 1, ReasonLimit above) and kdedup-source (topic/partition/offset of the
+// input record); its Stats.Forwarded counts those records, as Observe
+// counts the records it reads, and its other Stats are zero.
+func ExpectWith(recs []*kgo.Record, o ExpectOptions) (out, dropped Model) {
+	limit := max(1, o.MaxOccurrences)
+	reason := ReasonDuplicate
+	if limit > 1 {
+		reason = ReasonLimit
+	}
+	out = Model{PerKey: map[string][]string{}}
+	dropped = Model{PerKey: map[string][]string{}}
 	for _, rs := range byPartition(recs) {
-		seen := map[string]bool{}
+		count := map[string]int{}
 		for _, r := range rs {
-			m.Stats.Consumed++
+			out.Stats.Consumed++
 			k := string(r.Key)
 			switch {
 			case len(r.Key) == 0:
-				m.Stats.Unkeyed++
-				m.Stats.Forwarded++
-				m.Unkeyed = append(m.Unkeyed, Signature(r))
+				out.Stats.Unkeyed++
+				out.Stats.Forwarded++
+				out.Unkeyed = append(out.Unkeyed, Signature(r))
 			case r.Value == nil:
-				m.Stats.Deletes++
-				delete(seen, k)
-				if forwardTombstones {
-					m.Stats.Forwarded++
-					m.PerKey[k] = append(m.PerKey[k], Signature(r))
+				out.Stats.Deletes++
+				delete(count, k)
+				if !o.DropTombstones {
+					out.Stats.Forwarded++
+					out.PerKey[k] = append(out.PerKey[k], Signature(r))
 				}
-			case seen[k]:
-				m.Stats.Duplicates++
+			case count[k] >= limit:
+				if limit > 1 {
+					out.Stats.OverLimit++
+				} else {
+					out.Stats.Duplicates++
+				}
+				dropped.Stats.Forwarded++
+				dropped.PerKey[k] = append(dropped.PerKey[k], Signature(droppedRecord(r, reason)))
 			default:
-				seen[k] = true
-				m.Stats.Forwarded++
-				m.PerKey[k] = append(m.PerKey[k], Signature(r))
+				count[k]++
+				out.Stats.Forwarded++
+				out.PerKey[k] = append(out.PerKey[k], Signature(r))
 			}
 		}
 	}
-	sort.Strings(m.Unkeyed)
-	return m
+	sort.Strings(out.Unkeyed)
+	return out, dropped
+}
+
+// droppedRecord is r as the duplicates topic holds it.
+func droppedRecord(r *kgo.Record, reason string) *kgo.Record {
+	d := *r
+	d.Headers = append(slices.Clip(r.Headers),
+		kgo.RecordHeader{Key: "kdedup-reason", Value: []byte(reason)},
+		kgo.RecordHeader{Key: "kdedup-source", Value: fmt.Appendf(nil, "%s/%d/%d", r.Topic, r.Partition, r.Offset)})
+	return &d
 }
 
 // byPartition groups records by topic-partition, each group in offset order.

@@ -97,3 +97,66 @@ func assignOffsets(recs []*kgo.Record) []*kgo.Record {
 	}
 	return recs
 }
+
+// TestExpectWith checks the occurrence limit and the dropped records on a
+// hand-written stream: with a limit of 2 a key's third record is dropped
+// until its tombstone resets the count; with the default limit the second
+// is. Dropped records keep value, timestamp and headers and gain
+// kdedup-reason and kdedup-source, in that order.
+func TestExpectWith(t *testing.T) {
+	recs := []*kgo.Record{
+		rec(0, 0, "a", "a1"), rec(0, 1, "a", "a2"), rec(0, 2, "a", "a3"), rec(0, 3, "a", "-"),
+		rec(0, 4, "a", "a4"), rec(0, 5, "a", "a5"), rec(0, 6, "a", "a6"), rec(0, 7, "", "n1"),
+	}
+	recs[2].Headers = []kgo.RecordHeader{{Key: "trace", Value: []byte("x")}}
+	sig := func(off int64, v string) string { return Signature(rec(0, off, "a", v)) }
+	for _, tc := range []struct {
+		name    string
+		o       ExpectOptions
+		forward []string
+		dropped []string
+		stats   Stats
+	}{
+		{
+			name:    "limit 2",
+			o:       ExpectOptions{MaxOccurrences: 2},
+			forward: []string{sig(0, "a1"), sig(1, "a2"), sig(3, "-"), sig(4, "a4"), sig(5, "a5")},
+			dropped: []string{
+				"a3|1767225600002|trace=x|kdedup-reason=occurrence-limit|kdedup-source=t/0/2",
+				"a6|1767225600006|kdedup-reason=occurrence-limit|kdedup-source=t/0/6",
+			},
+			stats: Stats{Consumed: 8, Forwarded: 6, OverLimit: 2, Deletes: 1, Unkeyed: 1},
+		},
+		{
+			name:    "default limit, tombstones dropped",
+			o:       ExpectOptions{DropTombstones: true},
+			forward: []string{sig(0, "a1"), sig(4, "a4")},
+			dropped: []string{
+				"a2|1767225600001|kdedup-reason=duplicate|kdedup-source=t/0/1",
+				"a3|1767225600002|trace=x|kdedup-reason=duplicate|kdedup-source=t/0/2",
+				"a5|1767225600005|kdedup-reason=duplicate|kdedup-source=t/0/5",
+				"a6|1767225600006|kdedup-reason=duplicate|kdedup-source=t/0/6",
+			},
+			stats: Stats{Consumed: 8, Forwarded: 3, Duplicates: 4, Deletes: 1, Unkeyed: 1},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, dropped := ExpectWith(recs, tc.o)
+			if !slices.Equal(out.PerKey["a"], tc.forward) {
+				t.Errorf("forwarded %v, want %v", out.PerKey["a"], tc.forward)
+			}
+			if out.Stats != tc.stats {
+				t.Errorf("stats %+v, want %+v", out.Stats, tc.stats)
+			}
+			if !slices.Equal(dropped.PerKey["a"], tc.dropped) {
+				t.Errorf("dropped %q, want %q", dropped.PerKey["a"], tc.dropped)
+			}
+			if (dropped.Stats != Stats{Forwarded: len(tc.dropped)}) || len(dropped.Unkeyed) != 0 {
+				t.Errorf("dropped stats %+v, unkeyed %v", dropped.Stats, dropped.Unkeyed)
+			}
+			if len(recs[2].Headers) != 1 {
+				t.Errorf("the model changed the input record's headers: %v", recs[2].Headers)
+			}
+		})
+	}
+}

@@ -1,0 +1,334 @@
+package dedup
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/store"
+)
+
+// limitModel is the exact occurrence limit: per key, the records forwarded
+// since its last delete.
+type limitModel struct {
+	limit   int
+	count   map[string]int
+	counts  map[Decision]int
+	missing int
+}
+
+func newLimitModel(limit int) *limitModel {
+	return &limitModel{limit: limit, count: map[string]int{}, counts: map[Decision]int{}}
+}
+
+func (m *limitModel) decide(kind recordKind, key string) Decision {
+	d := m.apply(kind, key)
+	m.counts[d]++
+	return d
+}
+
+func (m *limitModel) apply(kind recordKind, key string) Decision {
+	switch {
+	case kind == unkeyed:
+		return Unkeyed
+	case kind == tombstone, kind == marker:
+		if m.count[key] == 0 {
+			m.missing++
+		}
+		delete(m.count, key)
+		return Delete
+	case m.count[key] >= m.limit:
+		return OverLimit
+	}
+	m.count[key]++
+	return Forward
+}
+
+func (m *limitModel) copies() int {
+	n := 0
+	for _, c := range m.count {
+		n += c
+	}
+	return n
+}
+
+func (m *limitModel) clone() *limitModel {
+	c := *m
+	c.count, c.counts = maps.Clone(m.count), maps.Clone(m.counts)
+	return &c
+}
+
+// TestOccurrenceLimitAgainstExactModel decides a random stream (hot keys,
+// tombstones, delete markers, unkeyed records) with MaxOccurrences 2, 3 and
+// 8 (twice the bucket size) and compares every decision with the exact
+// model, a map from key to records forwarded since its last delete. Staged,
+// a third of the transactions abort and are decided again, as an aborted
+// Kafka transaction rewinds the input; the model rolls back with them. At
+// the end the chain holds exactly one fingerprint copy per forwarded record
+// of a live key, and the counters equal the model's counts of the decisions
+// that took effect. 32-bit fingerprints make a false positive improbable
+// (about 1e-8 per lookup at the loads reached); for these seeds there is
+// none.
+func TestOccurrenceLimitAgainstExactModel(t *testing.T) {
+	for _, limit := range []int{2, 3, 8} {
+		for _, staged := range []bool{false, true} {
+			t.Run(fmt.Sprintf("max=%d/staged=%t", limit, staged), func(t *testing.T) {
+				const (
+					records   = 60_000
+					keySpace  = 6_000
+					hotKeys   = 30
+					batchSize = 1_000
+					topic     = "orders"
+					partition = 1
+				)
+				opts := Options{DeleteHeader: deleteHeader, DeleteValue: deleteValue, Filter: smallChain, MaxOccurrences: limit, Staged: staged}
+				db := openDB(t, "", store.Options{CacheBytes: 8 * filter.DefaultPageBytes})
+				reg := prometheus.NewRegistry()
+				p := openPartition(t, db, topic, partition, opts, NewMetrics(reg))
+				defer p.Close()
+
+				rng := rand.New(rand.NewPCG(uint64(limit), 7))
+				type input struct {
+					kind recordKind
+					key  string
+				}
+				stream := make([]input, records)
+				for i := range stream {
+					var kind recordKind
+					switch x := rng.IntN(1000); {
+					case x < 10:
+						kind = unkeyed
+					case x < 50:
+						kind = tombstone
+					case x < 60:
+						kind = marker
+					}
+					k := fmt.Sprintf("user-%d", rng.IntN(keySpace))
+					if rng.IntN(5) == 0 {
+						k = fmt.Sprintf("hot-%d", rng.IntN(hotKeys))
+					}
+					stream[i] = input{kind, k}
+				}
+
+				m := newLimitModel(limit)
+				aborts := 0
+				for start := 0; start < records; {
+					end := min(start+batchSize, records)
+					before := m.clone()
+					for off := start; off < end; off++ {
+						in := stream[off]
+						r := keyModes["key"].render(in.kind, in.key)
+						r.Topic, r.Partition, r.Offset = topic, partition, int64(off)
+						want := m.decide(in.kind, in.key)
+						got, err := p.Decide(r)
+						if err != nil {
+							t.Fatalf("offset %d: Decide: %v", off, err)
+						}
+						if got != want {
+							t.Fatalf("offset %d (kind %d, key %q): Decide = %v, model says %v (count %d, filter %+v)",
+								off, in.kind, in.key, got, want, before.count[in.key], p.Stats())
+						}
+						if opts.Forwards(got) != (want != OverLimit) {
+							t.Fatalf("offset %d: Forwards(%v) = %t", off, got, opts.Forwards(got))
+						}
+					}
+					if staged && rng.IntN(3) == 0 {
+						aborts++
+						if err := p.DiscardStaged(); err != nil {
+							t.Fatal(err)
+						}
+						m = before
+						continue
+					}
+					if err := p.CommitStaged(); err != nil {
+						t.Fatal(err)
+					}
+					if err := p.Commit(store.Checkpoint{Offset: int64(end)}); err != nil {
+						t.Fatalf("Commit at offset %d: %v", end, err)
+					}
+					start = end
+				}
+				if staged && aborts == 0 {
+					t.Fatal("no transaction aborted")
+				}
+				for _, d := range []Decision{Forward, OverLimit, Delete, Unkeyed} {
+					if m.counts[d] == 0 {
+						t.Errorf("the run decided no %v: it does not cover every decision", d)
+					}
+				}
+				st := p.Stats()
+				if st.Items != uint64(m.copies()) {
+					t.Errorf("filter holds %d fingerprints, model %d copies of live keys", st.Items, m.copies())
+				}
+				if st.SubFilters < 2 {
+					t.Errorf("chain has %d sub-filters; the run should have expanded it", st.SubFilters)
+				}
+				part := fmt.Sprint(partition)
+				for name, want := range map[string]int{
+					"kdedup_consumed_records_total":   records,
+					"kdedup_forwarded_records_total":  m.counts[Forward] + m.counts[Unkeyed] + m.counts[Delete],
+					"kdedup_over_limit_records_total": m.counts[OverLimit],
+					"kdedup_duplicate_records_total":  0,
+					"kdedup_delete_records_total":     m.counts[Delete],
+					"kdedup_delete_missing_total":     m.missing,
+					"kdedup_unkeyed_records_total":    m.counts[Unkeyed],
+				} {
+					if got := counterValue(t, reg, name, topic, part); got != float64(want) {
+						t.Errorf("%s = %v, model %d", name, got, want)
+					}
+				}
+				t.Logf("%d records, %d aborted transactions: %v, %d live keys, %d copies, %d sub-filters",
+					records, aborts, m.counts, len(m.count), m.copies(), st.SubFilters)
+			})
+		}
+	}
+}
+
+// TestOccurrenceLimitHotKey: a key repeated 10,000 times with
+// MaxOccurrences 8 is forwarded 8 times and then over the limit, and the
+// chain holds 8 copies in one sub-filter: a hot key never grows it. A
+// delete removes all 8; the next 8 records are forwarded again.
+func TestOccurrenceLimitHotKey(t *testing.T) {
+	const limit = 8
+	db := openDB(t, "", store.Options{})
+	p := openPartition(t, db, "orders", 0, Options{Filter: smallChain, MaxOccurrences: limit}, nil)
+	defer p.Close()
+	d := &decider{t: t, p: p}
+	for range limit {
+		d.expect(Forward, put, "hot")
+	}
+	for range 10_000 {
+		d.expect(OverLimit, put, "hot")
+	}
+	if st := p.Stats(); st.Items != limit || st.SubFilters != 1 {
+		t.Fatalf("after 10,008 records of one key: %d fingerprints in %d sub-filters, want %d in 1", st.Items, st.SubFilters, limit)
+	}
+	d.expect(Delete, tombstone, "hot")
+	if st := p.Stats(); st.Items != 0 {
+		t.Fatalf("after the delete: %d fingerprints, want 0", st.Items)
+	}
+	for range limit {
+		d.expect(Forward, put, "hot")
+	}
+	d.expect(OverLimit, put, "hot")
+}
+
+// TestOccurrenceLimitChanged: state written with one limit is decided with
+// another. Lowered to 1, a key with 3 copies is a Duplicate, and its
+// tombstone removes all 3, so the next record is forwarded (a delete that
+// removed one copy would drop it: a lost event). Raised to 5, the same key
+// gets 2 more forwards.
+func TestOccurrenceLimitChanged(t *testing.T) {
+	const topic, partition = "orders", 2
+	db := openDB(t, "", store.Options{})
+	reopen := func(limit int, off int64) (*Partition, *decider) {
+		p := openPartition(t, db, topic, partition, Options{Filter: smallChain, MaxOccurrences: limit}, nil)
+		return p, &decider{t: t, p: p, off: off}
+	}
+	p, d := reopen(3, 0)
+	d.expect(Forward, put, "a", "a", "a", "b", "b", "b")
+	d.expect(OverLimit, put, "a", "b")
+	if err := p.Commit(store.Checkpoint{Offset: d.off}); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+
+	p, d = reopen(5, d.off)
+	d.expect(Forward, put, "b", "b")
+	d.expect(OverLimit, put, "b")
+	p.Close() // uncommitted: the next reopen sees 3 copies of b again
+
+	p, d = reopen(1, d.off)
+	defer p.Close()
+	d.expect(Duplicate, put, "a")
+	d.expect(Delete, tombstone, "a")
+	d.expect(Forward, put, "a")
+	d.expect(Duplicate, put, "a", "b")
+}
+
+func TestOpenRefusesMaxOccurrences(t *testing.T) {
+	for _, tc := range []struct {
+		limit, bucket int
+		ok            bool
+	}{
+		{0, 0, true},
+		{1, 0, true},
+		{8, 0, true}, // 2*b with the default b=4
+		{9, 0, false},
+		{-1, 0, false},
+		{4, 2, true},
+		{5, 2, false},
+		{16, 8, true},
+		{17, 8, false},
+	} {
+		t.Run(fmt.Sprintf("max=%d/b=%d", tc.limit, tc.bucket), func(t *testing.T) {
+			db := openDB(t, "", store.Options{})
+			fp := smallChain
+			fp.BucketSize = tc.bucket
+			p, err := Open(db, "orders", 0, Options{Filter: fp, MaxOccurrences: tc.limit}, nil)
+			if tc.ok {
+				if err != nil {
+					t.Fatalf("Open: %v", err)
+				}
+				p.Close()
+				return
+			}
+			if err == nil {
+				p.Close()
+				t.Fatal("Open accepted the limit")
+			}
+			if !errors.Is(err, ErrOptions) || IsStateError(err) {
+				t.Errorf("Open: %v; want ErrOptions, not a state error", err)
+			}
+		})
+	}
+}
+
+// TestMaxDirtyPagesPerRecord: a key whose 3 copies were added to 3
+// different sub-filters (the chain grew between its records) dirties 3
+// pages when deleted, which MaxDirtyPagesPerRecord bounds; with the
+// default limit a record dirties one page.
+func TestMaxDirtyPagesPerRecord(t *testing.T) {
+	db := openDB(t, "", store.Options{})
+	p := openPartition(t, db, "orders", 0, Options{Filter: smallChain, MaxOccurrences: 3}, nil)
+	defer p.Close()
+	d := &decider{t: t, p: p}
+	if n := p.MaxDirtyPagesPerRecord(); n != 1 {
+		t.Fatalf("MaxDirtyPagesPerRecord of a one-sub-filter chain = %d, want 1", n)
+	}
+	filler := 0
+	for copies := range 3 {
+		d.expect(Forward, put, "k")
+		for subs := p.Stats().SubFilters; p.Stats().SubFilters == subs && copies < 2; filler++ {
+			d.expect(Forward, put, fmt.Sprintf("filler-%d", filler))
+		}
+	}
+	if st := p.Stats(); st.SubFilters != 3 {
+		t.Fatalf("chain has %d sub-filters, want 3", st.SubFilters)
+	}
+	if n := p.MaxDirtyPagesPerRecord(); n != 3 {
+		t.Fatalf("MaxDirtyPagesPerRecord = %d, want 3 (the limit)", n)
+	}
+	if err := p.Commit(store.Checkpoint{Offset: d.off}); err != nil {
+		t.Fatal(err)
+	}
+	d.expect(Delete, tombstone, "k")
+	if got, want := p.DirtyBytes(), int64(3*p.chain.Params().PageBytes); got != want {
+		t.Fatalf("deleting a key with copies in 3 sub-filters dirtied %d bytes, want 3 pages, %d", got, want)
+	}
+	d.expect(Forward, put, "k")
+
+	q := openPartition(t, db, "orders", 1, Options{Filter: smallChain}, nil)
+	defer q.Close()
+	for i := 0; q.Stats().SubFilters < 3; i++ {
+		(&decider{t: t, p: q, off: int64(i)}).expect(Forward, put, fmt.Sprintf("filler-%d", i))
+	}
+	if n := q.MaxDirtyPagesPerRecord(); n != 1 {
+		t.Fatalf("MaxDirtyPagesPerRecord with the default limit = %d, want 1", n)
+	}
+}
