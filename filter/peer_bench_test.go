@@ -2,7 +2,10 @@ package filter_test
 
 import (
 	"fmt"
+	"math"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 
 	panmari "github.com/panmari/cuckoofilter"
@@ -307,4 +310,78 @@ func BenchmarkPeerInsert(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestGrowthFPRData is a data generator, not a test: it writes the CSV
+// that internal/benchplot draws as "FPR against growth", and is skipped
+// unless KDEDUP_BENCH_DATA names the file to write:
+//
+//	KDEDUP_BENCH_DATA=$PWD/docs/bench/fpr-growth.csv go test -run TestGrowthFPRData -v ./filter
+//
+// It grows two chains of initial capacity 2^14 keys to 64 times that with
+// the same never-repeated keys (check-and-insert, as dedup does): one with
+// constant 16-bit fingerprints, one with widths tightened from the default
+// target false-positive rate (1e-4). At growth 2^(k/2), k = -4..12, each row
+// holds both chains' estimated rate (Stats.EstimatedFPR) and the measured
+// rate on 2^21 keys never inserted.
+func TestGrowthFPRData(t *testing.T) {
+	out := os.Getenv("KDEDUP_BENCH_DATA")
+	if out == "" {
+		t.Skip("data generator: set KDEDUP_BENCH_DATA to the CSV file to write")
+	}
+	const capacity = 1 << 14
+	constant, err := filter.New(filter.Params{FingerprintBits: 16, Capacity: capacity}, filter.NewMemPager(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tightened, err := filter.New(filter.Params{TargetFPR: filter.DefaultTargetFPR, Capacity: capacity}, filter.NewMemPager(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chains := []*filter.Chain{constant, tightened}
+	measure := func(c *filter.Chain) float64 {
+		const queries = 1 << 21
+		fp := 0
+		for i := range queries {
+			ok, err := c.Contains(strconv.AppendInt([]byte("absent-"), int64(i), 10))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				fp++
+			}
+		}
+		return float64(fp) / queries
+	}
+	var csv strings.Builder
+	fmt.Fprintf(&csv, "growth,sub_filters,keys,constant 16-bit estimated,constant 16-bit measured,tightened (target %g) estimated,tightened (target %g) measured,target\n",
+		filter.DefaultTargetFPR, filter.DefaultTargetFPR)
+	inserted := 0
+	for k := -4; k <= 12; k++ {
+		growth := math.Pow(2, float64(k)/2)
+		keys := int(growth * capacity)
+		for ; inserted < keys; inserted++ {
+			key := strconv.AppendInt([]byte("key-"), int64(inserted), 10)
+			for _, c := range chains {
+				if _, err := c.Insert(key); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		cs, ts := constant.Stats(), tightened.Stats()
+		fmt.Fprintf(&csv, "%.4g,%d/%d,%d,%.4g,%.4g,%.4g,%.4g,%g\n", growth, cs.SubFilters, ts.SubFilters, keys,
+			cs.EstimatedFPR, measure(constant), ts.EstimatedFPR, measure(tightened), filter.DefaultTargetFPR)
+	}
+	for _, c := range chains {
+		var widths []int
+		for _, sf := range c.SubFilters() {
+			widths = append(widths, sf.FingerprintBits)
+		}
+		s := c.Stats()
+		t.Logf("%s: %d sub-filters, widths %v, %d keys, load %.3f, %.1f bits/key", c.Params(), s.SubFilters, widths, s.Items, s.LoadFactor, float64(s.Bytes*8)/float64(s.Items))
+	}
+	if err := os.WriteFile(out, []byte(csv.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %s:\n%s", out, csv.String())
 }
