@@ -31,6 +31,7 @@ type Config struct {
 	Brokers           []string      `env:"BROKERS,required" doc:"Kafka seed brokers, comma-separated host:port"`
 	InputTopics       []string      `env:"INPUT_TOPICS,required" doc:"Topics to deduplicate, comma-separated, without duplicates and without OUTPUT_TOPIC"`
 	OutputTopic       string        `env:"OUTPUT_TOPIC,required" doc:"Topic that receives the first record seen for each key"`
+	DuplicatesTopic   string        `env:"DUPLICATES_TOPIC" envDefault:"" doc:"Topic that receives every dropped record (duplicate or over MAX_OCCURRENCES) with headers kdedup-reason and kdedup-source, to audit false drops; not OUTPUT_TOPIC nor an input topic; empty disables it"`
 	Group             string        `env:"GROUP" envDefault:"kdedup" doc:"Consumer group; the workers of one group share the partitions of INPUT_TOPICS"`
 	StartOffset       string        `env:"START_OFFSET" envDefault:"earliest" doc:"Where a partition with no committed offset in the group begins: earliest or latest"`
 	SessionTimeout    time.Duration `env:"SESSION_TIMEOUT" envDefault:"45s" doc:"Consumer group session timeout, 1s to 30m (brokers enforce group.min.session.timeout.ms, 6s by default); a worker silent this long loses its partitions to a rebalance"`
@@ -209,6 +210,16 @@ func (c Config) Validate() error {
 		v.add("OutputTopic", "", requiredReason)
 	} else if reason := topicProblem(c.OutputTopic); reason != "" {
 		v.add("OutputTopic", c.OutputTopic, reason)
+	}
+	if c.DuplicatesTopic != "" {
+		switch {
+		case topicProblem(c.DuplicatesTopic) != "":
+			v.add("DuplicatesTopic", c.DuplicatesTopic, topicProblem(c.DuplicatesTopic))
+		case c.DuplicatesTopic == c.OutputTopic:
+			v.add("DuplicatesTopic", c.DuplicatesTopic, "must differ from OUTPUT_TOPIC; dropped records would mix with the output")
+		case slices.Contains(c.InputTopics, c.DuplicatesTopic):
+			v.add("DuplicatesTopic", c.DuplicatesTopic, "is also an input topic; kdedup would read the records it dropped")
+		}
 	}
 	if len(c.InputTopics) == 0 {
 		v.add("InputTopics", "", requiredReason)

@@ -145,6 +145,7 @@ func TestLoadValid(t *testing.T) {
 		{"max occurrences 2*b", []string{"KDEDUP_MAX_OCCURRENCES", "8"}, func(c Config) bool { return c.MaxOccurrences == 8 }},
 		{"max occurrences 2*b, b=8", []string{"KDEDUP_MAX_OCCURRENCES", "16", "KDEDUP_BUCKET_SIZE", "8"}, func(c Config) bool { return c.MaxOccurrences == 16 }},
 		{"max occurrences 2*b, b=2", []string{"KDEDUP_MAX_OCCURRENCES", "4", "KDEDUP_BUCKET_SIZE", "2"}, func(c Config) bool { return c.MaxOccurrences == 4 }},
+		{"duplicates topic", []string{"KDEDUP_DUPLICATES_TOPIC", "orders.dropped"}, func(c Config) bool { return c.DuplicatesTopic == "orders.dropped" }},
 		{"session max", []string{"KDEDUP_SESSION_TIMEOUT", "30m"}, func(c Config) bool { return c.SessionTimeout == 30*time.Minute }},
 		{"http port 0", []string{"KDEDUP_HTTP_ADDR", "127.0.0.1:0"}, func(c Config) bool { return c.HTTPAddr == "127.0.0.1:0" }},
 		{"log level upper", []string{"KDEDUP_LOG_LEVEL", "DEBUG"}, func(c Config) bool { return c.SlogLevel() == slog.LevelDebug }},
@@ -187,6 +188,9 @@ func TestLoadRejects(t *testing.T) {
 		{"input too long", "KDEDUP_INPUT_TOPICS", strings.Repeat("t", 250)},
 		{"output unset", "KDEDUP_OUTPUT_TOPIC", ""},
 		{"output illegal", "KDEDUP_OUTPUT_TOPIC", "out/put"},
+		{"duplicates is output", "KDEDUP_DUPLICATES_TOPIC", "deduped"},
+		{"duplicates is input", "KDEDUP_DUPLICATES_TOPIC", "payments"},
+		{"duplicates illegal", "KDEDUP_DUPLICATES_TOPIC", "dropped records"},
 		{"start offset", "KDEDUP_START_OFFSET", "newest"},
 		{"session parse", "KDEDUP_SESSION_TIMEOUT", "45"},
 		{"session low", "KDEDUP_SESSION_TIMEOUT", "900ms"},
@@ -281,6 +285,7 @@ func TestValidate(t *testing.T) {
 		{"session timeout", func(c *Config) { c.SessionTimeout = 500 * time.Millisecond }, "KDEDUP_SESSION_TIMEOUT", "500ms"},
 		{"input topics", func(c *Config) { c.InputTopics = []string{"a", "a"} }, "KDEDUP_INPUT_TOPICS", "a,a"},
 		{"max occurrences", func(c *Config) { c.BucketSize = 2; c.MaxOccurrences = 5 }, "KDEDUP_MAX_OCCURRENCES", "5"},
+		{"duplicates topic", func(c *Config) { c.DuplicatesTopic = c.InputTopics[0] }, "KDEDUP_DUPLICATES_TOPIC", "orders"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := valid

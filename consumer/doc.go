@@ -1,14 +1,16 @@
 // Package consumer runs kdedup's Kafka side: a franz-go consumer-group member
 // (cooperative-sticky balancing) that hands each assigned topic-partition's
 // records to its own goroutine, produces the records that partition's
-// deduplicator forwards, and cuts write batches.
+// deduplicator forwards (and, to an optional duplicates topic, those it
+// drops), and cuts write batches.
 //
 // # At-least-once ordering
 //
 // For each partition, in this order:
 //
 //  1. decide polled records in offset order (package dedup) and produce the
-//     forwarded ones without waiting;
+//     forwarded ones (and the dropped ones to the duplicates topic) without
+//     waiting;
 //  2. every FlushInterval, when the dirty pages reach FlushBytes, on
 //     revocation and on shutdown: wait until every produced record is
 //     acknowledged, then commit one Badger transaction holding the dirty

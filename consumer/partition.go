@@ -137,14 +137,14 @@ func (pw *partition) drain() {
 	}
 }
 
-// process decides recs in order, handing forwarded ones to produce. At
-// least once it also cuts a write batch when the dirty pages reach
-// FlushBytes.
-func (pw *partition) process(recs []*kgo.Record, produce func(*kgo.Record)) {
+// process decides recs in order, handing produce the output record of each
+// forwarded one and, with DuplicatesTopic, of each dropped one. At least
+// once it also cuts a write batch when the dirty pages reach FlushBytes.
+func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Record)) {
 	if pw.failed {
 		return
 	}
-	forwards := pw.w.opts.Forwards
+	forwards, dups := pw.w.opts.Forwards, pw.w.opts.DuplicatesTopic
 	for _, r := range recs {
 		if r.Offset < pw.replayUntil {
 			if err := pw.d.Replay(r); err != nil {
@@ -165,7 +165,9 @@ func (pw *partition) process(recs []*kgo.Record, produce func(*kgo.Record)) {
 				pw.w.log.Debug("record cannot be keyed; forwarded unchanged", "topic", pw.topic, "partition", pw.partition, "offset", r.Offset, "reason", pw.d.LastKeyError())
 			}
 			if forwards(d) {
-				produce(r)
+				produce(r, pw.output(r))
+			} else if reason := dropReason(d); reason != "" && dups != "" {
+				produce(r, pw.dropped(r, reason))
 			}
 		}
 		pw.next = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
@@ -192,26 +194,66 @@ func (pw *partition) replayProgress(offset int64) {
 
 // output is the record forwarded for r: key, value, headers and timestamp
 // kept; the default partitioner places it by key.
-func output(r *kgo.Record) *kgo.Record {
-	return &kgo.Record{Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
+func (pw *partition) output(r *kgo.Record) *kgo.Record {
+	return &kgo.Record{Topic: pw.w.opts.OutputTopic, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
 }
 
-// produce forwards r at least once.
-func (pw *partition) produce(r *kgo.Record) {
+// Headers of the records produced to Options.DuplicatesTopic, after the
+// headers of the dropped record.
+const (
+	// HeaderReason says why the record was dropped: ReasonDuplicate or
+	// ReasonLimit.
+	HeaderReason = "kdedup-reason"
+	// HeaderSource is where the dropped record was read: topic/partition/offset.
+	HeaderSource = "kdedup-source"
+)
+
+// Values of HeaderReason.
+const (
+	// ReasonDuplicate marks a record decided dedup.Duplicate.
+	ReasonDuplicate = "duplicate"
+	// ReasonLimit marks a record decided dedup.OverLimit.
+	ReasonLimit = "occurrence-limit"
+)
+
+// dropReason is the HeaderReason of a dropped decision, "" for the others.
+func dropReason(d dedup.Decision) string {
+	switch d {
+	case dedup.Duplicate:
+		return ReasonDuplicate
+	case dedup.OverLimit:
+		return ReasonLimit
+	}
+	return ""
+}
+
+// dropped is the record sent to the duplicates topic for r: r's key, value,
+// headers and timestamp, then HeaderReason and HeaderSource.
+func (pw *partition) dropped(r *kgo.Record, reason string) *kgo.Record {
+	h := make([]kgo.RecordHeader, len(r.Headers), len(r.Headers)+2)
+	copy(h, r.Headers)
+	h = append(h,
+		kgo.RecordHeader{Key: HeaderReason, Value: []byte(reason)},
+		kgo.RecordHeader{Key: HeaderSource, Value: fmt.Appendf(nil, "%s/%d/%d", pw.topic, pw.partition, r.Offset)})
+	return &kgo.Record{Topic: pw.w.opts.DuplicatesTopic, Key: r.Key, Value: r.Value, Headers: h, Timestamp: r.Timestamp}
+}
+
+// produce produces out, decided from input record in, at least once.
+func (pw *partition) produce(in, out *kgo.Record) {
 	pw.inflight.Add(1)
 	// Not the worker's context: records already decided must be delivered
 	// (or fail) before the write batch that covers them, even at shutdown.
-	pw.w.cl.Produce(context.Background(), output(r), func(_ *kgo.Record, err error) {
+	pw.w.cl.Produce(context.Background(), out, func(_ *kgo.Record, err error) {
 		if err != nil {
 			pw.w.m.produceErrors.Inc()
-			err = fmt.Errorf("producing record of %s/%d offset %d to %s: %w", pw.topic, pw.partition, r.Offset, pw.w.opts.OutputTopic, err)
+			err = fmt.Errorf("producing record of %s/%d offset %d to %s: %w", pw.topic, pw.partition, in.Offset, out.Topic, err)
 			pw.prodErr.CompareAndSwap(nil, &err)
 		}
 		pw.inflight.Done()
 	})
 }
 
-// flush cuts a write batch: (at least once) wait for every forwarded
+// flush cuts a write batch: (at least once) wait for every produced
 // record's ack, commit pages, metadata and checkpoint in one Badger
 // transaction, then (at least once) mark the offset for the group commit.
 // Exactly once it runs between transactions, when every decided record

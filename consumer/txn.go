@@ -12,7 +12,8 @@ import (
 
 // transactLoop is the exactly-once loop. Each poll is one Kafka transaction:
 // decide the polled records (filter changes staged in an overlay), produce
-// the forwarded ones in the transaction, and end it, which commits the
+// the forwarded ones (and, with DuplicatesTopic, the dropped ones) in the
+// transaction, and end it, which commits the
 // consumed offsets with the output. Only if it committed do the staged
 // changes become part of the filter; on abort they are dropped and franz-go
 // rewinds the input to the committed offsets, so the same records are
@@ -87,8 +88,8 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 		touched []*partition
 		failed  error
 	)
-	produce := func(r *kgo.Record) {
-		w.sess.Produce(ctx, output(r), func(_ *kgo.Record, err error) {
+	produce := func(_, out *kgo.Record) {
+		w.sess.Produce(ctx, out, func(_ *kgo.Record, err error) {
 			if err != nil {
 				w.m.produceErrors.Inc()
 				mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +43,15 @@ type Options struct {
 	InputTopics []string
 	// OutputTopic receives forwarded records, partitioned by record key.
 	OutputTopic string
+	// DuplicatesTopic, if set, receives every record decided
+	// dedup.Duplicate or dedup.OverLimit, unchanged but for the headers
+	// HeaderReason and HeaderSource appended, partitioned by record key, so
+	// that a false drop can be found and replayed. It is produced like
+	// OutputTopic: at least once before the write batch covering the
+	// record, exactly once in the record's transaction; records replayed
+	// into the filter produce nothing. It must differ from OutputTopic and
+	// from every input topic (default: none).
+	DuplicatesTopic string
 	// Group is the consumer group id (default "kdedup").
 	Group string
 	// StartAtLatest makes a group with no committed offset begin at the end
@@ -159,6 +169,9 @@ func New(opts Options) (*Worker, error) {
 	}
 	if opts.OutputTopic == "" {
 		errs = append(errs, errors.New("consumer: no output topic"))
+	}
+	if d := opts.DuplicatesTopic; d != "" && (d == opts.OutputTopic || slices.Contains(opts.InputTopics, d)) {
+		errs = append(errs, fmt.Errorf("consumer: duplicates topic %q is also the output topic or an input topic", d))
 	}
 	if opts.Open == nil || opts.Forwards == nil {
 		errs = append(errs, errors.New("consumer: Open and Forwards are required"))
@@ -520,7 +533,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		partialRebuilds: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_partial_rebuilds_total",
 			Help: "Replays that could not start where they had to because the input was no longer retained."}),
 		produceErrors: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_produce_errors_total",
-			Help: "Forwarded records the output topic did not acknowledge (at least once: each stops the worker without committing; exactly once: each aborts the transaction)."}),
+			Help: "Records the output or duplicates topic did not acknowledge (at least once: each stops the worker without committing; exactly once: each aborts the transaction)."}),
 		batches: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_write_batches_total", Help: "Write batches committed to Badger."}),
 		txns: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_transactions_total",
 			Help: "Kafka transactions ended, by outcome (committed, aborted); exactly-once only."}, []string{"outcome"}),

@@ -8,20 +8,24 @@ import (
 
 // TestOccurrenceLimit runs the worker with KDEDUP_MAX_OCCURRENCES=3 over a
 // stream with producer retries, replays, hot keys and tombstones: each key
-// is forwarded up to 3 times between tombstones, exactly as the model says,
-// and the records over the limit are counted in
-// kdedup_over_limit_records_total, none as duplicates.
+// is forwarded up to 3 times between tombstones, exactly as the model says;
+// the records over the limit are counted in kdedup_over_limit_records_total,
+// none as duplicates, and reach the duplicates topic with
+// kdedup-reason=occurrence-limit.
 func TestOccurrenceLimit(t *testing.T) {
 	deliveries(t, func(t *testing.T, delivery string) {
 		p := newPipeline(t, 4)
 		p.delivery = delivery
 		p.maxOcc = 3
+		p.withDuplicatesTopic(t, 2)
 		recs := stream(7)
 		p.feed(t, recs, len(recs), 0).wait(t)
 		w := p.startWorker(t, t.TempDir())
 		want, got := p.output(t, recs)
+		wantDropped, gotDropped, read := p.dropped(t, recs)
 		w.stop(t)
 		requireExact(t, want, got)
+		requireDropped(t, recs, wantDropped, gotDropped, read, "occurrence-limit")
 
 		dedupOnly := scenario.Expect(recs, true)
 		if want.Stats.OverLimit == 0 || want.Stats.Forwarded <= dedupOnly.Stats.Forwarded {

@@ -32,6 +32,7 @@ type pipeline struct {
 	partitions int32
 	delivery   string            // KDEDUP_DELIVERY, default at-least-once
 	maxOcc     int               // KDEDUP_MAX_OCCURRENCES, 0 for the default
+	dups       string            // KDEDUP_DUPLICATES_TOPIC, "" for none
 	extraEnv   map[string]string // overrides of env
 }
 
@@ -40,6 +41,14 @@ func newPipeline(t *testing.T, partitions int32) *pipeline {
 	p := &pipeline{b: b, in: b.name("in"), out: b.name("out"), group: b.name("group"), partitions: partitions, delivery: "at-least-once"}
 	b.createTopics(t, partitions, p.in, p.out)
 	return p
+}
+
+// withDuplicatesTopic creates a duplicates topic of the given partitions
+// and has the workers send dropped records to it.
+func (p *pipeline) withDuplicatesTopic(t *testing.T, partitions int32) {
+	t.Helper()
+	p.dups = p.b.name("dups")
+	p.b.createTopics(t, partitions, p.dups)
 }
 
 // deliveries runs fn as a subtest for each delivery mode.
@@ -70,6 +79,9 @@ func (p *pipeline) env(dataDir string) map[string]string {
 	}
 	if p.maxOcc != 0 {
 		env["KDEDUP_MAX_OCCURRENCES"] = strconv.Itoa(p.maxOcc)
+	}
+	if p.dups != "" {
+		env["KDEDUP_DUPLICATES_TOPIC"] = p.dups
 	}
 	for k, v := range p.extraEnv {
 		env[k] = v
@@ -298,6 +310,20 @@ func (p *pipeline) output(t *testing.T, recs []*kgo.Record) (want, got scenario.
 	}
 	want, _ = p.expect(recs)
 	return want, scenario.Observe(out)
+}
+
+// dropped reads the duplicates topic, once output has seen the group
+// commit the whole input, and returns it with the model's dropped records.
+func (p *pipeline) dropped(t *testing.T, recs []*kgo.Record) (want, got scenario.Model, read []*kgo.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	read, err := scenario.ReadAll(ctx, p.b.addrs, p.dups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, want = p.expect(recs)
+	return want, scenario.Observe(read), read
 }
 
 // expect is the exact model of recs with the pipeline's settings.

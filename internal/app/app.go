@@ -64,6 +64,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		Brokers:         cfg.Brokers,
 		InputTopics:     cfg.InputTopics,
 		OutputTopic:     cfg.OutputTopic,
+		DuplicatesTopic: cfg.DuplicatesTopic,
 		Group:           cfg.Group,
 		StartAtLatest:   cfg.StartOffset == "latest",
 		SessionTimeout:  cfg.SessionTimeout,
@@ -91,7 +92,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	}
 	srv := &http.Server{Handler: httpHandler(reg, w.Ready), ReadHeaderTimeout: 10 * time.Second}
 	log.Info("starting", "http", ln.Addr().String(), "brokers", strings.Join(cfg.Brokers, ","),
-		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "group", cfg.Group, "delivery", cfg.Delivery, "data_dir", cfg.DataDir)
+		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "duplicates_topic", cfg.DuplicatesTopic, "group", cfg.Group, "delivery", cfg.Delivery, "data_dir", cfg.DataDir)
 	if started != nil {
 		started(ln.Addr().String())
 	}
