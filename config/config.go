@@ -44,11 +44,12 @@ type Config struct {
 	MaxOccurrences    int           `env:"MAX_OCCURRENCES" envDefault:"1" doc:"Records forwarded per key until it is deleted, 1 to 2*BUCKET_SIZE; 1 deduplicates, more throttles (later records are dropped as over the limit)"`
 
 	// Cuckoo filter, per topic-partition.
-	FingerprintBits int    `env:"FINGERPRINT_BITS" envDefault:"16" doc:"Bits per fingerprint: 8, 16 or 32; each sub-filter's false-positive rate is at most 2*BUCKET_SIZE/2^FINGERPRINT_BITS (Fan et al., 2014, section 5.1)"`
-	BucketSize      int    `env:"BUCKET_SIZE" envDefault:"4" doc:"Fingerprint slots per bucket: 2, 4 or 8"`
-	Capacity        uint64 `env:"CAPACITY" envDefault:"1000000" doc:"Keys the first sub-filter of each topic-partition holds, 1 to 2^32"`
-	MaxKicks        int    `env:"MAX_KICKS" envDefault:"500" doc:"Evictions an insert tries before a new sub-filter is added to the chain, 1 to 100000"`
-	Expansion       int    `env:"EXPANSION" envDefault:"2" doc:"Capacity of each new sub-filter as a multiple of the previous one, 1 to 64"`
+	TargetFPR       float64 `env:"TARGET_FPR" envDefault:"0.0001" doc:"False-positive rate (false drops) each partition's filter stays under as it grows: each new sub-filter gets half the remaining budget and one more fingerprint bit; between 0 and 1"`
+	FingerprintBits int     `env:"FINGERPRINT_BITS" envDefault:"0" doc:"Fixed fingerprint width for every sub-filter, 4 to 32 bits, overriding TARGET_FPR (the rate then grows with each sub-filter, about 2*BUCKET_SIZE*load/2^bits each); 0 derives widths from TARGET_FPR"`
+	BucketSize      int     `env:"BUCKET_SIZE" envDefault:"4" doc:"Fingerprint slots per bucket: 2, 4 or 8"`
+	Capacity        uint64  `env:"CAPACITY" envDefault:"1000000" doc:"Keys the first sub-filter of each topic-partition holds, 1 to 2^32"`
+	MaxKicks        int     `env:"MAX_KICKS" envDefault:"500" doc:"Evictions an insert tries before a new sub-filter is added to the chain, 1 to 100000"`
+	Expansion       int     `env:"EXPANSION" envDefault:"2" doc:"Capacity of each new sub-filter as a multiple of the previous one, 1 to 64"`
 
 	// Storage.
 	DataDir       string        `env:"DATA_DIR" envDefault:"./data" doc:"Directory holding the filter state of every topic-partition"`
@@ -262,9 +263,11 @@ func (c Config) Validate() error {
 	}
 
 	// Cuckoo filter.
-	bitsOK := c.FingerprintBits == 8 || c.FingerprintBits == 16 || c.FingerprintBits == 32
-	if !bitsOK {
-		v.add("FingerprintBits", c.FingerprintBits, "must be 8, 16 or 32")
+	if c.FingerprintBits != 0 && (c.FingerprintBits < 4 || c.FingerprintBits > 32) {
+		v.add("FingerprintBits", c.FingerprintBits, "must be 0 (derive from TARGET_FPR) or from 4 to 32")
+	}
+	if !(c.TargetFPR > 0 && c.TargetFPR < 1) {
+		v.add("TargetFPR", c.TargetFPR, "must be between 0 and 1, such as 0.0001")
 	}
 	bucketOK := c.BucketSize == 2 || c.BucketSize == 4 || c.BucketSize == 8
 	if !bucketOK {
@@ -294,11 +297,6 @@ func (c Config) Validate() error {
 	pageOK := c.PageBytes >= minPageBytes && c.PageBytes <= maxPageBytes && c.PageBytes&(c.PageBytes-1) == 0
 	if !pageOK {
 		v.add("PageBytes", c.PageBytes, fmt.Sprintf("must be a power of two from %v to %v (KB and MB are powers of 1000; use KiB or MiB)", ByteSize(minPageBytes), maxPageBytes))
-	} else if bitsOK && bucketOK {
-		if bucket := ByteSize(c.BucketSize * c.FingerprintBits / 8); c.PageBytes < bucket {
-			pageOK = false
-			v.add("PageBytes", c.PageBytes, fmt.Sprintf("must hold at least one bucket of %v (BUCKET_SIZE*FINGERPRINT_BITS/8)", bucket))
-		}
 	}
 	if pageOK && c.CacheBytes < minCachePages*c.PageBytes {
 		v.add("CacheBytes", c.CacheBytes, fmt.Sprintf("must be at least %d pages of PAGE_BYTES, %v", minCachePages, minCachePages*c.PageBytes))

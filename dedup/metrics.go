@@ -17,7 +17,7 @@ type Metrics struct {
 
 	commitSeconds prometheus.Histogram
 
-	load, newestLoad, subFilters, items, fpr, bytes *prometheus.GaugeVec
+	load, newestLoad, subFilters, items, fpr, bytes, bits, nearFull *prometheus.GaugeVec
 }
 
 // NewMetrics registers the metrics with reg (nil: not registered).
@@ -50,6 +50,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		items:      gauge("kdedup_filter_items", "Fingerprints stored in the partition's chain."),
 		fpr:        gauge("kdedup_filter_estimated_fpr", "Estimated false-positive rate of the chain: the sum of 2*b*load/2^f over sub-filters."),
 		bytes:      gauge("kdedup_filter_bytes", "Size of the chain's pages."),
+		bits:       gauge("kdedup_filter_fingerprint_bits", "Fingerprint width of the newest sub-filter (widths grow by one bit per sub-filter to keep the target false-positive rate)."),
+		nearFull:   gauge("kdedup_filter_near_full", "1 when the chain can add at most one more sub-filter before inserts fail or the target false-positive rate can no longer be kept."),
 	}
 }
 
@@ -86,12 +88,18 @@ func (pm partitionMetrics) observe(s filter.Stats) {
 	m.items.WithLabelValues(l...).Set(float64(s.Items))
 	m.fpr.WithLabelValues(l...).Set(s.EstimatedFPR)
 	m.bytes.WithLabelValues(l...).Set(float64(s.Bytes))
+	m.bits.WithLabelValues(l...).Set(float64(s.NewestFingerprintBits))
+	nearFull := 0.0
+	if s.NearFull {
+		nearFull = 1
+	}
+	m.nearFull.WithLabelValues(l...).Set(nearFull)
 }
 
 // forget drops the gauges of a partition this worker no longer owns;
 // counters stay so that rates survive a partition moving away and back.
 func (pm partitionMetrics) forget() {
-	for _, g := range []*prometheus.GaugeVec{pm.m.load, pm.m.newestLoad, pm.m.subFilters, pm.m.items, pm.m.fpr, pm.m.bytes} {
+	for _, g := range []*prometheus.GaugeVec{pm.m.load, pm.m.newestLoad, pm.m.subFilters, pm.m.items, pm.m.fpr, pm.m.bytes, pm.m.bits, pm.m.nearFull} {
 		g.DeleteLabelValues(pm.labels...)
 	}
 }

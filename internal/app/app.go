@@ -150,6 +150,7 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 		MaxOccurrences: cfg.MaxOccurrences,
 		Staged:         delivery(cfg) == consumer.ExactlyOnce,
 		Filter: filter.Params{
+			TargetFPR:       cfg.TargetFPR,
 			FingerprintBits: cfg.FingerprintBits,
 			BucketSize:      cfg.BucketSize,
 			Capacity:        cfg.Capacity,
