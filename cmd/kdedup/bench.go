@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -30,8 +33,10 @@ import (
 // on one in-process broker (franz-go's kfake): it produces a generated
 // stream once, then, for each round, runs the real worker and a franz-go
 // consumer that forwards every record at least once with the worker's client
-// settings, each in its own consumer group and to its own output topic, and
-// prints records/s for both and their ratio.
+// settings (in alternating order), each in its own consumer group and to its
+// own output topic, and prints records/s for both and their ratio. A run's
+// time is from its group join to the group's commit of the end of the
+// input, so it includes up to two commit intervals (1s each) of waiting.
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -42,6 +47,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&o.bits, "fingerprint-bits", 0, "KDEDUP_FINGERPRINT_BITS of the worker (0: the default)")
 	fs.BoolVar(&o.process, "worker-process", false, "run the worker as a child process (kdedup run) and report its peak resident memory")
 	fs.StringVar(&o.cacheBytes, "cache-bytes", "", "KDEDUP_CACHE_BYTES of the worker (empty: the default)")
+	fs.StringVar(&o.heapProfile, "heap-profile", "", "write a heap profile of this process to `file` once the (in-process) worker has caught up; the broker's records are in it too")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -72,44 +78,62 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "stream: %d records, %d distinct keys, %d partitions; GOMAXPROCS %d\n", o.records, keys, o.partitions, runtime.GOMAXPROCS(0))
 
-	var worker, pass []float64
+	type runner struct {
+		name          string
+		rates, steady *[]float64
+		fn            func(context.Context, benchOptions, string, string, io.Writer) (runResult, error)
+	}
+	var worker, pass, workerSteady, passSteady []float64
 	for round := 1; round <= o.rounds; round++ {
-		for _, run := range []struct {
-			name  string
-			rates *[]float64
-			fn    func(context.Context, benchOptions, string, string, io.Writer) (time.Duration, error)
-		}{
-			{"worker", &worker, runWorker},
-			{"passthrough", &pass, runPassthrough},
-		} {
+		runs := []runner{{"worker", &worker, &workerSteady, runWorker}, {"passthrough", &pass, &passSteady, runPassthrough}}
+		if round%2 == 0 { // alternate the order, so that neither always runs on a fresher broker
+			runs[0], runs[1] = runs[1], runs[0]
+		}
+		for _, run := range runs {
 			group := fmt.Sprintf("%s-%d", run.name, round)
 			if _, err := o.adm.CreateTopic(ctx, int32(o.partitions), 1, nil, group+"-out"); err != nil {
 				return fmt.Errorf("creating %s-out: %w", group, err)
 			}
 			fmt.Fprintf(stdout, "round %d: %s (group %s) ...\n", round, run.name, group)
-			elapsed, err := run.fn(ctx, o, group, group+"-out", stdout)
+			res, err := run.fn(ctx, o, group, group+"-out", stdout)
 			if err != nil {
 				return fmt.Errorf("%s: %w", run.name, err)
 			}
-			rate := float64(o.records) / elapsed.Seconds()
+			rate := float64(o.records) / res.elapsed.Seconds()
 			*run.rates = append(*run.rates, rate)
-			fmt.Fprintf(stdout, "round %d: %s: %d records in %s: %.0f records/s\n", round, run.name, o.records, elapsed.Round(time.Millisecond), rate)
+			*run.steady = append(*run.steady, res.steady)
+			fmt.Fprintf(stdout, "round %d: %s: %d records in %s: %.0f records/s\n", round, run.name, o.records, res.elapsed.Round(time.Millisecond), rate)
+			fmt.Fprintf(stdout, "  steady state (committed offsets from 10%% to 90%% of the input): %.0f records/s\n", res.steady)
 			if ends, err := o.adm.ListEndOffsets(ctx, group+"-out"); err == nil {
 				var n int64
 				ends.Each(func(e kadm.ListedOffset) { n += e.Offset })
 				fmt.Fprintf(stdout, "  %s-out holds %d records\n", group, n)
 			}
+			// The broker keeps records in memory: drop the output.
+			if _, err := o.adm.DeleteTopic(ctx, group+"-out"); err != nil {
+				return fmt.Errorf("deleting %s-out: %w", group, err)
+			}
 		}
 	}
 	w, p := median(worker), median(pass)
-	fmt.Fprintf(stdout, "\nworker %.0f records/s, passthrough %.0f records/s (median of %d): worker/passthrough %.2f\n", w, p, o.rounds, w/p)
+	ws, ps := median(workerSteady), median(passSteady)
+	fmt.Fprintf(stdout, "\nmedian of %d rounds:\n", o.rounds)
+	fmt.Fprintf(stdout, "  join to last commit: worker %.0f records/s, passthrough %.0f records/s: worker/passthrough %.2f\n", w, p, w/p)
+	fmt.Fprintf(stdout, "  steady state:        worker %.0f records/s, passthrough %.0f records/s: worker/passthrough %.2f\n", ws, ps, ws/ps)
 	return nil
+}
+
+// runResult is one run's time from group join to the commit of the end of
+// the input, and its steady-state rate (see waitGroup).
+type runResult struct {
+	elapsed time.Duration
+	steady  float64
 }
 
 type benchOptions struct {
 	records, partitions, rounds, bits int
 	process                           bool
-	cacheBytes                        string
+	cacheBytes, heapProfile           string
 	brokers                           []string
 	adm                               *kadm.Client
 }
@@ -152,12 +176,12 @@ func produceBench(ctx context.Context, o benchOptions, topic string, stdout io.W
 }
 
 // runWorker runs the real worker (internal/app.Run, at least once, a fresh
-// data directory) until its group has committed the end of the input, and
-// returns the time from the group join (readiness) to that commit.
-func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io.Writer) (time.Duration, error) {
+// data directory) until its group has committed the end of the input, timed
+// from the group join (readiness) to that commit.
+func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io.Writer) (runResult, error) {
 	dir, err := os.MkdirTemp("", "kdedup-bench-")
 	if err != nil {
-		return 0, err
+		return runResult{}, err
 	}
 	defer os.RemoveAll(dir)
 	env := map[string]string{
@@ -175,7 +199,7 @@ func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io
 	}
 	cfg, err := config.LoadFrom(env)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %v", errUsage, err)
+		return runResult{}, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -188,36 +212,42 @@ func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io
 	select {
 	case a := <-addr:
 		if readyAt, err = waitReady(ctx, a, done); err != nil {
-			return 0, err
+			return runResult{}, err
 		}
 	case err := <-done:
-		return 0, fmt.Errorf("worker stopped before listening: %w", err)
+		return runResult{}, fmt.Errorf("worker stopped before listening: %w", err)
 	}
-	if err := waitGroup(ctx, o, group, readyAt, stdout); err != nil {
-		return 0, err
+	steady, err := waitGroup(ctx, o, group, readyAt, stdout)
+	if err != nil {
+		return runResult{}, err
 	}
-	elapsed := time.Since(readyAt)
+	res := runResult{elapsed: time.Since(readyAt), steady: steady}
+	if o.heapProfile != "" {
+		if err := writeHeapProfile(o.heapProfile); err != nil {
+			return runResult{}, err
+		}
+	}
 	stop()
 	if err := <-done; err != nil {
-		return 0, fmt.Errorf("worker: %w", err)
+		return runResult{}, fmt.Errorf("worker: %w", err)
 	}
-	return elapsed, nil
+	return res, nil
 }
 
 // runWorkerProcess runs the worker as `kdedup run` in a child process with
 // env, and reports the child's peak resident memory (getrusage maxrss) once
 // it has exited on SIGTERM.
-func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string, group string, stdout io.Writer) (time.Duration, error) {
+func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string, group string, stdout io.Writer) (runResult, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, err
+		return runResult{}, err
 	}
 	addr := ln.Addr().String()
 	ln.Close()
 	env["KDEDUP_HTTP_ADDR"] = addr
 	exe, err := os.Executable()
 	if err != nil {
-		return 0, err
+		return runResult{}, err
 	}
 	cmd := exec.Command(exe, "run")
 	cmd.Env = os.Environ()
@@ -226,32 +256,73 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 	}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
-		return 0, err
+		return runResult{}, err
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	readyAt, err := waitReady(ctx, addr, done)
 	if err != nil {
 		_ = cmd.Process.Kill()
-		return 0, err
+		return runResult{}, err
 	}
-	if err := waitGroup(ctx, o, group, readyAt, stdout); err != nil {
+	steady, err := waitGroup(ctx, o, group, readyAt, stdout)
+	if err != nil {
 		_ = cmd.Process.Kill()
 		<-done
-		return 0, err
+		return runResult{}, err
 	}
-	elapsed := time.Since(readyAt)
+	res := runResult{elapsed: time.Since(readyAt), steady: steady}
+	printProcessMemory(stdout, cmd.Process.Pid, addr)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return 0, err
+		return runResult{}, err
 	}
 	if err := <-done; err != nil {
-		return 0, fmt.Errorf("worker process: %w", err)
+		return runResult{}, fmt.Errorf("worker process: %w", err)
 	}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		fmt.Fprintf(stdout, "  worker process: peak resident memory %d MiB, CPU %s user + %s system\n",
 			ru.Maxrss>>10, time.Duration(ru.Utime.Nano()).Round(time.Millisecond), time.Duration(ru.Stime.Nano()).Round(time.Millisecond))
 	}
-	return elapsed, nil
+	return res, nil
+}
+
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	return errors.Join(pprof.WriteHeapProfile(f), f.Close())
+}
+
+// printProcessMemory prints what the worker process pid holds once it has
+// caught up: its resident memory split by kind (/proc/pid/status) and the Go
+// heap figures it exports on /metrics.
+func printProcessMemory(stdout io.Writer, pid int, httpAddr string) {
+	var parts []string
+	if status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		for line := range strings.Lines(string(status)) {
+			name, value, _ := strings.Cut(line, ":")
+			switch name {
+			case "VmHWM", "VmRSS", "RssAnon", "RssFile":
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
+				parts = append(parts, fmt.Sprintf("%s %d MiB", name, kb>>10))
+			}
+		}
+	}
+	if resp, err := http.Get("http://" + httpAddr + "/metrics"); err == nil {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for line := range strings.Lines(string(body)) {
+			for _, m := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_heap_sys_bytes", "go_memstats_sys_bytes"} {
+				if v, ok := strings.CutPrefix(line, m+" "); ok {
+					f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+					parts = append(parts, fmt.Sprintf("%s %.0f MiB", strings.TrimPrefix(m, "go_memstats_"), f/(1<<20)))
+				}
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "  worker process after catching up: %s\n", strings.Join(parts, ", "))
 }
 
 // runPassthrough consumes the input as a consumer group with the worker's
@@ -261,7 +332,7 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 // offsets polled so far for the group commit, which franz-go sends every
 // second. It returns the time from the group join to the commit of the end
 // of the input.
-func runPassthrough(ctx context.Context, o benchOptions, group, out string, stdout io.Writer) (time.Duration, error) {
+func runPassthrough(ctx context.Context, o benchOptions, group, out string, stdout io.Writer) (runResult, error) {
 	const interval = time.Second
 	var (
 		mu      sync.Mutex
@@ -293,7 +364,7 @@ func runPassthrough(ctx context.Context, o benchOptions, group, out string, stdo
 		}),
 	)
 	if err != nil {
-		return 0, err
+		return runResult{}, err
 	}
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -304,23 +375,23 @@ func runPassthrough(ctx context.Context, o benchOptions, group, out string, stdo
 	case <-joined:
 	case err := <-loopDone:
 		cl.Close()
-		return 0, fmt.Errorf("passthrough stopped before joining: %w", err)
+		return runResult{}, fmt.Errorf("passthrough stopped before joining: %w", err)
 	case <-ctx.Done():
 		cl.Close()
-		return 0, ctx.Err()
+		return runResult{}, ctx.Err()
 	}
 	mu.Lock()
 	start := readyAt
 	mu.Unlock()
-	err = waitGroup(ctx, o, group, start, stdout)
-	elapsed := time.Since(start)
+	steady, err := waitGroup(ctx, o, group, start, stdout)
+	res := runResult{elapsed: time.Since(start), steady: steady}
 	stop()
 	lerr := <-loopDone
 	cl.Close()
 	if err != nil {
-		return 0, err
+		return runResult{}, err
 	}
-	return elapsed, lerr
+	return res, lerr
 }
 
 // passthroughLoop polls, produces every record, and every interval flushes
@@ -388,18 +459,43 @@ func firstErr(first, next error) error {
 }
 
 // waitGroup waits until group has committed the end of the input, printing
-// progress (committed records, records/s since start) every two seconds.
-func waitGroup(ctx context.Context, o benchOptions, group string, start time.Time, stdout io.Writer) error {
+// progress every two seconds, and returns the steady-state rate: the slope
+// of the committed offsets (sampled every 250ms) between the first sample
+// past 10% of the input and the last one short of 90%, which leaves out the
+// group join and the final commit intervals (0 when there are not two such
+// samples).
+func waitGroup(ctx context.Context, o benchOptions, group string, start time.Time, stdout io.Writer) (float64, error) {
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
 	caught := make(chan error, 1)
 	go func() { caught <- scenario.WaitCaughtUp(wctx, o.adm, group, "events") }()
-	tick := time.NewTicker(2 * time.Second)
+	type sample struct {
+		at time.Time
+		n  int64
+	}
+	var samples []sample
+	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
+	lastPrint := time.Now()
 	for {
 		select {
 		case err := <-caught:
-			return err
+			if err != nil {
+				return 0, err
+			}
+			lo, hi := -1, -1
+			for i, sm := range samples {
+				if lo < 0 && sm.n >= int64(o.records)/10 {
+					lo = i
+				}
+				if sm.n <= int64(o.records)*9/10 {
+					hi = i
+				}
+			}
+			if lo < 0 || hi <= lo || samples[hi].n == samples[lo].n {
+				return 0, nil
+			}
+			return float64(samples[hi].n-samples[lo].n) / samples[hi].at.Sub(samples[lo].at).Seconds(), nil
 		case <-tick.C:
 			committed, err := o.adm.FetchOffsets(wctx, group)
 			if err != nil {
@@ -411,8 +507,12 @@ func waitGroup(ctx context.Context, o benchOptions, group string, start time.Tim
 					n += r.At
 				}
 			})
-			fmt.Fprintf(stdout, "  %s: %d/%d records committed (%.0f%%), %.0f records/s so far\n",
-				group, n, o.records, 100*float64(n)/float64(o.records), float64(n)/time.Since(start).Seconds())
+			samples = append(samples, sample{time.Now(), n})
+			if time.Since(lastPrint) >= 2*time.Second {
+				lastPrint = time.Now()
+				fmt.Fprintf(stdout, "  %s: %d/%d records committed (%.0f%%), %.0f records/s so far\n",
+					group, n, o.records, 100*float64(n)/float64(o.records), float64(n)/time.Since(start).Seconds())
+			}
 		}
 	}
 }
