@@ -1,0 +1,291 @@
+// Command benchplot draws the figures of BENCHMARKS.md as PNG files from
+// benchmark output saved as text or CSV:
+//
+//	go run ./internal/benchplot -kind fpr -in docs/bench/fpr-growth.csv -out docs/bench/fpr-growth.png
+//	go run ./internal/benchplot -kind load -op contains -in docs/bench/peers.txt -out docs/bench/contains-load.png
+//	go run ./internal/benchplot -kind load -op insert -in docs/bench/peers.txt -out docs/bench/insert-load.png
+//	go run ./internal/benchplot -kind throughput -in docs/bench/bench.txt -out docs/bench/throughput.png
+//
+// Inputs:
+//   - fpr: the CSV written by the filter's TestGrowthFPRData (columns
+//     growth, sub_filters, keys, then FPR columns; an empty cell is no point).
+//   - load: `go test -bench Peer` output of filter/peer_bench_test.go; with
+//     -count above 1 each point is the median.
+//   - throughput: `kdedup bench` output (its "round N: name: ... records/s"
+//     lines and the "steady state" line after each); each bar is the median
+//     over rounds.
+package main
+
+import (
+	"bufio"
+	"encoding/csv"
+	"errors"
+	"flag"
+	"fmt"
+	"image/color"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "benchplot:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("benchplot", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	kind := fs.String("kind", "", "fpr, load or throughput")
+	op := fs.String("op", "contains", "with -kind load: contains, insert or insert+delete")
+	in := fs.String("in", "", "input file")
+	out := fs.String("out", "", "output PNG file")
+	title := fs.String("title", "", "plot title (default: one per kind)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *in == "" || *out == "" {
+		return errors.New("-in and -out are required")
+	}
+	f, err := os.Open(*in)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var p *plot.Plot
+	switch *kind {
+	case "fpr":
+		p, err = fprPlot(f)
+	case "load":
+		p, err = loadPlot(f, *op)
+	case "throughput":
+		p, err = throughputPlot(f)
+	default:
+		return fmt.Errorf("-kind %q: want fpr, load or throughput", *kind)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", *in, err)
+	}
+	if *title != "" {
+		p.Title.Text = *title
+	}
+	return p.Save(22*vg.Centimeter, 14*vg.Centimeter, *out)
+}
+
+// fprPlot draws every FPR column of the CSV against growth (log-log).
+func fprPlot(r io.Reader) (*plot.Plot, error) {
+	rows, err := csv.NewReader(r).ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) < 2 || len(rows[0]) < 4 || rows[0][0] != "growth" {
+		return nil, errors.New("want a CSV with a header growth,sub_filters,keys,<fpr columns>")
+	}
+	header := rows[0]
+	p := plot.New()
+	p.Title.Text = "False-positive rate as the chain grows"
+	p.X.Label.Text = "growth (keys / capacity of the first sub-filter)"
+	p.Y.Label.Text = "false-positive rate per lookup"
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left = true, true
+	var lines []any
+	for c := 3; c < len(header); c++ {
+		var xys plotter.XYs
+		for _, row := range rows[1:] {
+			if c >= len(row) || row[c] == "" {
+				continue
+			}
+			x, err1 := strconv.ParseFloat(row[0], 64)
+			y, err2 := strconv.ParseFloat(row[c], 64)
+			if err := errors.Join(err1, err2); err != nil {
+				return nil, err
+			}
+			if y > 0 {
+				xys = append(xys, plotter.XY{X: x, Y: y})
+			}
+		}
+		if len(xys) > 0 {
+			lines = append(lines, strings.ReplaceAll(header[c], "_", " "), xys)
+		}
+	}
+	if err := plotutil.AddLinePoints(p, lines...); err != nil {
+		return nil, err
+	}
+	p.Add(plotter.NewGrid())
+	return p, nil
+}
+
+// benchLine matches one result line of go test -bench output.
+var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+(.*)$`)
+
+// benchResults returns, for each benchmark name (without the GOMAXPROCS
+// suffix), every value of unit it reported.
+func benchResults(r io.Reader, unit string) (map[string][]float64, error) {
+	res := map[string][]float64{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		m := benchLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		fields := strings.Fields(m[2])
+		for i := 0; i+1 < len(fields); i += 2 {
+			if fields[i+1] != unit {
+				continue
+			}
+			v, err := strconv.ParseFloat(fields[i], 64)
+			if err != nil {
+				return nil, fmt.Errorf("%q: %w", sc.Text(), err)
+			}
+			res[m[1]] = append(res[m[1]], v)
+		}
+	}
+	return res, sc.Err()
+}
+
+var peerName = regexp.MustCompile(`^BenchmarkPeer(Contains|Insert)/load=(\d+)/(?:(insert|insert\+delete)/)?(\w+)$`)
+
+// loadPlot draws ns/op against load for each filter, for one operation of
+// the peer benchmarks.
+func loadPlot(r io.Reader, op string) (*plot.Plot, error) {
+	res, err := benchResults(r, "ns/op")
+	if err != nil {
+		return nil, err
+	}
+	series := map[string]plotter.XYs{}
+	for name, vs := range res {
+		m := peerName.FindStringSubmatch(name)
+		if m == nil {
+			continue
+		}
+		got := strings.ToLower(m[1])
+		if m[3] != "" {
+			got = m[3]
+		}
+		if got != op {
+			continue
+		}
+		load, _ := strconv.Atoi(m[2])
+		series[m[4]] = append(series[m[4]], plotter.XY{X: float64(load), Y: median(vs)})
+	}
+	if len(series) == 0 {
+		return nil, fmt.Errorf("no BenchmarkPeer results for op %q", op)
+	}
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("%s: ns/op against load factor, 2^20 slots, same keys", op)
+	p.X.Label.Text = "load factor (%)"
+	p.Y.Label.Text = "ns/op"
+	p.Y.Min = 0
+	p.Legend.Top, p.Legend.Left = true, true
+	names := make([]string, 0, len(series))
+	for n := range series {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var lines []any
+	for _, n := range names {
+		xys := series[n]
+		sort.Slice(xys, func(i, j int) bool { return xys[i].X < xys[j].X })
+		lines = append(lines, n, xys)
+	}
+	if err := plotutil.AddLinePoints(p, lines...); err != nil {
+		return nil, err
+	}
+	p.Add(plotter.NewGrid())
+	return p, nil
+}
+
+var (
+	roundLine  = regexp.MustCompile(`^round \d+: (\S+): \d+ records in \S+: (\d+) records/s$`)
+	steadyLine = regexp.MustCompile(`^steady state .*: (\d+) records/s$`)
+)
+
+// throughputPlot draws, for each run kind of kdedup bench, a bar of its
+// records/s from group join to last commit and one of its steady-state
+// records/s (each the median over rounds), values written above the bars.
+func throughputPlot(r io.Reader) (*plot.Plot, error) {
+	rates := map[string][]float64{}
+	var order []string
+	last := ""
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if m := roundLine.FindStringSubmatch(line); m != nil {
+			v, _ := strconv.ParseFloat(m[2], 64)
+			last = m[1] + "\njoin to last commit"
+			if _, ok := rates[last]; !ok {
+				order = append(order, last)
+			}
+			rates[last] = append(rates[last], v)
+			continue
+		}
+		if m := steadyLine.FindStringSubmatch(line); m != nil && last != "" {
+			v, _ := strconv.ParseFloat(m[1], 64)
+			name := strings.Replace(last, "join to last commit", "steady state", 1)
+			if _, ok := rates[name]; !ok {
+				order = append(order, name)
+			}
+			rates[name] = append(rates[name], v)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(order) == 0 {
+		return nil, errors.New("no \"round N: name: ... records/s\" lines")
+	}
+	sort.SliceStable(order, func(i, j int) bool {
+		return strings.Contains(order[i], "join") && !strings.Contains(order[j], "join")
+	})
+	vals := make(plotter.Values, len(order))
+	var labels plotter.XYLabels
+	for i, n := range order {
+		vals[i] = median(rates[n])
+		labels.XYs = append(labels.XYs, plotter.XY{X: float64(i), Y: vals[i]})
+		labels.Labels = append(labels.Labels, fmt.Sprintf("%.0f", vals[i]))
+	}
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("kdedup bench: records/s, median of %d rounds", len(rates[order[0]]))
+	p.Y.Label.Text = "records/s"
+	p.Y.Min = 0
+	bars, err := plotter.NewBarChart(vals, 2*vg.Centimeter)
+	if err != nil {
+		return nil, err
+	}
+	bars.Color = color.RGBA{R: 70, G: 110, B: 180, A: 255}
+	p.Add(bars)
+	lbl, err := plotter.NewLabels(labels)
+	if err != nil {
+		return nil, err
+	}
+	for i := range lbl.TextStyle {
+		lbl.TextStyle[i].XAlign = -0.5 // centered on the bar
+		lbl.TextStyle[i].YAlign = 0    // above the value
+	}
+	p.Add(lbl)
+	p.NominalX(order...)
+	p.X.Min, p.X.Max = -0.7, float64(len(order))-0.3 // room for the outer bars
+	p.Y.Max = slices.Max(vals) * 1.15
+	return p, nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
