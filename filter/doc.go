@@ -8,30 +8,36 @@
 //
 // # Layout
 //
-// A key is hashed once with xxhash64 (github.com/cespare/xxhash/v2). In a
-// sub-filter of n buckets (a power of two) the primary bucket is the low
-// log2(n) bits of the hash; the fingerprint is the high 32 bits truncated to
-// f bits, with 0 mapped to 1 because 0 marks an empty slot. Index and
-// fingerprint therefore come from independent bits (RedisBloom derives its
-// 8-bit fingerprint as hash%255+1, tying it to the index bits; this package
-// does not).
+// A key is hashed once with xxhash64 (github.com/cespare/xxhash/v2). The
+// fingerprint is the high 32 bits truncated to the sub-filter's width f (4
+// to 32 bits), with 0 mapped to 1 because 0 marks an empty slot; the bucket
+// comes from the low 32 bits only, so index and fingerprint come from
+// independent bits (RedisBloom derives its 8-bit fingerprint as hash%255+1,
+// tying it to the index bits; this package does not).
 //
-// A sub-filter's buckets are cut into pages of PageBytes bytes; a page holds
-// PageBytes/(b*f/8) buckets (bucketsPerPage, a power of two). Slot k of
-// bucket j of a page occupies bytes [(j*b+k)*f/8, (j*b+k+1)*f/8), little
-// endian. A page that was never written reads as all zeros (empty).
+// A sub-filter is a power-of-two number of pages of PageBytes bytes. A page
+// holds n = PageBytes*8/(b*f) buckets of b bit-packed f-bit slots: slot k of
+// bucket j occupies bits [(j*b+k)*f, (j*b+k+1)*f) of the page, little
+// endian. The page is the low log2(pages) bits of the hash; the bucket in
+// the page a multiply-shift of the next low bits into [0, n). A page that
+// was never written reads as all zeros (empty).
 //
 // The alternate bucket is computed inside the page (partial-key cuckoo
 // hashing, Fan et al. CoNEXT 2014 section 3.1, restricted to a page as the
-// Kvrocks paged design proposes):
+// Kvrocks paged design proposes). n is not a power of two in general, so
+// instead of the paper's i XOR hash(fp) it is
 //
-//	alt(i, fp) = pageBase(i) | ((i ^ mix(fp)) & (bucketsPerPage-1))
+//	alt(i, fp) = (m - i) mod n, m = mix(fp) mod n
 //
-// so every Contains, Insert, Count and Delete touches exactly one page per
-// sub-filter and an insert dirties one page. alt is an involution: alt(alt(i,
-// fp), fp) == i. The price is a slightly lower load at the first failed
-// insertion than with a global alternate (about 92-95% at b=4 instead of
+// which is also an involution: alt(alt(i, fp), fp) == i. Every Contains,
+// Insert, Count and Delete touches exactly one page per sub-filter and an
+// insert dirties one page. The price is a lower load at the first failed
+// insertion than with a global alternate (about 89-92% at b=4 instead of
 // ~96%); TestLoadAtFirstExpansion measures it.
+//
+// Widths come from Params.TargetFPR: each new sub-filter gets half the
+// remaining false-positive budget and one more bit (Params.SubFilterBits),
+// so the chain's rate stays under the target as it grows.
 //
 // # Eviction
 //
@@ -46,9 +52,13 @@
 // # Chain
 //
 // When a walk fails the chain appends a sub-filter with Expansion times the
-// buckets of the newest one (rounded up to a power of two) and inserts there,
+// pages of the newest one (rounded up to a power of two) and inserts there,
 // as RedisBloom's scalable cuckoo filter does. Inserts go to the newest
 // sub-filter; lookups check newest first. The false-positive rate of one
 // sub-filter is about 2*b*load/2^f (paper section 5.1); the chain's is the sum
 // of its sub-filters' rates, see Stats.EstimatedFPR.
+//
+// An Overlay stages a chain's page changes over another Pager until they are
+// committed or discarded (exactly-once delivery rewinds aborted
+// transactions).
 package filter
