@@ -28,17 +28,7 @@ func TestTightenedFPRUnderTarget(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			fp := 0
-			for i := range tc.queries {
-				got, err := c.Contains(key("absent-", i))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if got {
-					fp++
-				}
-			}
-			rate := float64(fp) / float64(tc.queries)
+			rate := measuredFPR(t, c, tc.queries)
 			margin := 3 * math.Sqrt(tc.target/float64(tc.queries))
 			st := c.Stats()
 			widths := []int{}
