@@ -287,15 +287,20 @@ func (p *Partition) publish(force bool) {
 	if p.opts.Staged && !force {
 		return
 	}
+	// Called per record at least once: touch only the counters that moved.
 	t, m := p.tally, p.m
-	m.consumed.Add(float64(t.consumed))
-	m.forwarded.Add(float64(t.forwarded))
-	m.duplicates.Add(float64(t.duplicates))
-	m.overLimit.Add(float64(t.overLimit))
-	m.deletes.Add(float64(t.deletes))
-	m.deletesMissing.Add(float64(t.deletesMissing))
-	m.unkeyed.Add(float64(t.unkeyed))
-	m.replayed.Add(float64(t.replayed))
+	for _, c := range [...]struct {
+		n int
+		c prometheus.Counter
+	}{
+		{t.consumed, m.consumed}, {t.forwarded, m.forwarded}, {t.duplicates, m.duplicates},
+		{t.overLimit, m.overLimit}, {t.deletes, m.deletes}, {t.deletesMissing, m.deletesMissing},
+		{t.unkeyed, m.unkeyed}, {t.replayed, m.replayed},
+	} {
+		if c.n != 0 {
+			c.c.Add(float64(c.n))
+		}
+	}
 	p.tally = tally{}
 }
 

@@ -43,7 +43,7 @@ func requireDropped(t *testing.T, recs []*kgo.Record, want, got scenario.Model, 
 	t.Logf("duplicates topic equals the model: %d dropped records, reason %s", len(read), reason)
 }
 
-// TestDuplicatesTopic sends dropped records to KDEDUP_DUPLICATES_TOPIC
+// TestDuplicatesTopic (also the second-worker suite) sends dropped records to KDEDUP_DUPLICATES_TOPIC
 // while a second worker joins mid-stream and rebuilds the partitions it
 // takes by replay: the output topic is exactly the model's, and the
 // duplicates topic holds exactly the model's dropped records, each once

@@ -133,31 +133,6 @@ func TestKillLosesNothing(t *testing.T) {
 	t.Logf("after 2 kills: %d records expected, %d read, %d extra (forwarded again after a kill)", want.Stats.Forwarded, got.Stats.Forwarded, extra)
 }
 
-// TestSecondWorkerJoins starts a second worker (own, empty data directory)
-// in the middle of the stream; the cooperative rebalance moves partitions
-// to it, it rebuilds their filters by replaying their input, and the output
-// is exactly the model's.
-func TestSecondWorkerJoins(t *testing.T) {
-	deliveries(t, func(t *testing.T, delivery string) {
-		p := newPipeline(t, 6)
-		p.delivery = delivery
-		recs := stream(4)
-		f := p.feed(t, recs, 100, 5*time.Millisecond)
-		a := p.startWorker(t, t.TempDir())
-		f.until(len(recs) / 3)
-		b := p.startWorker(t, t.TempDir())
-		p.waitMembers(t, 2)
-		f.wait(t)
-		want, got := p.output(t, recs)
-		a.stop(t)
-		b.stop(t)
-		requireExact(t, want, got)
-		if n := b.metric(t, "kdedup_replayed_records_total"); n == 0 {
-			t.Error("the second worker replayed nothing: it did not rebuild the partitions it took")
-		}
-	})
-}
-
 // TestPartitionMovesAwayAndBack: worker A decides keys k0..k999, worker B
 // (own data directory) then takes the partitions and applies tombstones for
 // k0..k499, and A takes them back while the keys are re-created. A's local
