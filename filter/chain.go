@@ -4,7 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
+	"slices"
+	"sort"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -25,6 +28,17 @@ var (
 
 // SubFilter describes one sub-filter of a chain.
 type SubFilter struct {
+	// ID names the sub-filter's pages (PageID.SubFilter). IDs are given in
+	// creation order from 0 and never reused, so that the pages of a
+	// dropped generation can be deleted after the metadata that dropped it
+	// is durable, without racing a new sub-filter.
+	ID uint32
+	// Generation is the generation the sub-filter belongs to: with
+	// Params.Window, it holds keys whose record timestamps fall in
+	// [Generation*span, (Generation+1)*span) milliseconds since the Unix
+	// epoch (or later ones, for records older than the window); without a
+	// window it is 0.
+	Generation int64
 	// Pages is the number of pages, a power of two.
 	Pages uint64
 	// FingerprintBits is the fingerprint width f of this sub-filter.
@@ -46,8 +60,11 @@ func (s SubFilter) Slots(b int) uint64 { return s.Buckets() * uint64(b) }
 // Stats summarizes a chain.
 type Stats struct {
 	SubFilters int
-	Items      uint64
-	Slots      uint64
+	// Generations is the number of live generations holding sub-filters
+	// (1 without a window, 0 for a windowed chain that saw no key yet).
+	Generations int
+	Items       uint64
+	Slots       uint64
 	// LoadFactor is Items/Slots over the whole chain.
 	LoadFactor float64
 	// NewestLoadFactor is the load factor of the sub-filter inserts go to.
@@ -58,10 +75,14 @@ type Stats struct {
 	// Bytes is the size of all pages of the chain (allocated or not).
 	Bytes uint64
 	// NewestFingerprintBits is the fingerprint width of the newest
-	// sub-filter.
+	// sub-filter of the newest generation.
 	NewestFingerprintBits int
-	// NearFull is set when the chain can add at most one more sub-filter
-	// before inserts fail (ErrFull) or, with a target rate, before a new
+	// Watermark is the highest record timestamp seen, in milliseconds
+	// since the Unix epoch (math.MinInt64 before any, and without a
+	// window).
+	Watermark int64
+	// NearFull is set when the newest generation can add at most one more
+	// sub-filter before inserts fail (ErrFull) or, with a target rate, before a new
 	// sub-filter would need fingerprints wider than 32 bits and the chain
 	// would exceed its target.
 	NearFull bool
@@ -74,8 +95,12 @@ type Stats struct {
 type Chain struct {
 	p     Params
 	pager Pager
-	subs  []SubFilter
-	kicks []kick // reused eviction log
+	// subs are sorted by generation, oldest first, and by age within one.
+	subs      []SubFilter
+	nextID    uint32
+	watermark int64
+	span      int64  // generation span in ms, 0 without a window
+	kicks     []kick // reused eviction log
 }
 
 type kick struct {
@@ -83,26 +108,32 @@ type kick struct {
 	old  uint32 // fingerprint the slot held before the kick
 }
 
-// New returns an empty chain with one sub-filter sized for p.Capacity. No
-// page is touched until the first insert.
+// New returns an empty chain. Without a window it has one sub-filter sized
+// for p.Capacity; with one, each generation gets its first sub-filter when
+// its first key arrives. No page is touched until the first insert.
 func New(p Params, pager Pager) (*Chain, error) {
 	p = p.WithDefaults()
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	c := newChain(p, pager)
-	c.subs = []SubFilter{c.subFilter(0, p.firstPages())}
+	if c.span == 0 {
+		c.subs = []SubFilter{c.subFilter(0, 0, p.firstPages())}
+	}
 	return c, nil
 }
 
 func newChain(p Params, pager Pager) *Chain {
-	return &Chain{p: p, pager: pager, kicks: make([]kick, 0, p.MaxKicks)}
+	return &Chain{p: p, pager: pager, watermark: math.MinInt64, span: p.spanMillis(), kicks: make([]kick, 0, p.MaxKicks)}
 }
 
-// subFilter describes sub-filter i of the given page count, empty.
-func (c *Chain) subFilter(i int, pages uint64) SubFilter {
+// subFilter describes a new, empty sub-filter: the i-th of generation gen,
+// of the given page count, with the next unused ID.
+func (c *Chain) subFilter(gen int64, i int, pages uint64) SubFilter {
 	f := c.p.SubFilterBits(i)
-	return SubFilter{Pages: pages, FingerprintBits: f, bucketsPerPage: c.p.bucketsPerPage(f)}
+	id := c.nextID
+	c.nextID++
+	return SubFilter{ID: id, Generation: gen, Pages: pages, FingerprintBits: f, bucketsPerPage: c.p.bucketsPerPage(f)}
 }
 
 // Params returns the chain's parameters (defaults applied).
@@ -113,23 +144,104 @@ func (c *Chain) SubFilters() []SubFilter { return append([]SubFilter(nil), c.sub
 
 // Stats returns the chain's load and estimated false-positive rate.
 func (c *Chain) Stats() Stats {
-	s := Stats{SubFilters: len(c.subs)}
+	s := Stats{SubFilters: len(c.subs), Watermark: c.watermark}
+	if c.span == 0 {
+		s.Watermark = math.MinInt64
+	}
 	b := c.p.BucketSize
-	for _, sf := range c.subs {
+	for i, sf := range c.subs {
 		slots := sf.Slots(b)
 		s.Items += sf.Items
 		s.Slots += slots
 		s.Bytes += sf.Pages * uint64(c.p.PageBytes)
 		s.EstimatedFPR += ExpectedFPR(b, sf.FingerprintBits, float64(sf.Items)/float64(slots))
+		if i == 0 || sf.Generation != c.subs[i-1].Generation {
+			s.Generations++
+		}
+	}
+	if len(c.subs) == 0 {
+		s.NewestFingerprintBits = c.p.SubFilterBits(0)
+		return s
 	}
 	s.LoadFactor = float64(s.Items) / float64(s.Slots)
 	newest := c.subs[len(c.subs)-1]
 	s.NewestLoadFactor = float64(newest.Items) / float64(newest.Slots(b))
 	s.NewestFingerprintBits = newest.FingerprintBits
-	n := len(c.subs)
+	lo, hi := c.generation(newest.Generation)
+	n := hi - lo
 	s.NearFull = n >= MaxSubFilters-1 ||
 		(c.p.FingerprintBits == 0 && c.p.SubFilterBits(n+1) >= MaxFingerprintBits && c.p.SubFilterBits(n) >= MaxFingerprintBits)
 	return s
+}
+
+// generation returns the index range [lo, hi) of the sub-filters of
+// generation gen in c.subs (lo == hi, the insertion point, when it has
+// none).
+func (c *Chain) generation(gen int64) (lo, hi int) {
+	lo = sort.Search(len(c.subs), func(i int) bool { return c.subs[i].Generation >= gen })
+	hi = lo
+	for hi < len(c.subs) && c.subs[hi].Generation == gen {
+		hi++
+	}
+	return lo, hi
+}
+
+// Advance moves the watermark, the highest record timestamp seen (ts, in
+// milliseconds since the Unix epoch), to ts if ts is higher, and drops every
+// generation that ended a window or more before the new watermark: their
+// sub-filters leave the chain and their pages are handed to Pager.Drop. It
+// returns the number of generations dropped. Without a window it does
+// nothing.
+//
+// Time is the records' own: the wall clock is never read, so the state stays
+// a function of the input and replays reproduce it. Out-of-order records
+// are remembered in the generation of their own timestamp while that
+// generation is live, so a late key is kept at least a window past its
+// timestamp like any other; a record more than a window older than the
+// watermark (or with no timestamp, -1) goes to the oldest live generation
+// and is kept for at least what remains of that generation's life. A record
+// timestamped far in the future moves the watermark there and expires
+// everything older than a window before it: producers' clocks matter
+// (log-append time on the input topic removes the question).
+func (c *Chain) Advance(ts int64) int {
+	if c.span == 0 || ts <= c.watermark {
+		return 0
+	}
+	c.watermark = ts
+	oldest := c.oldestLive()
+	n, dropped := 0, 0
+	for n < len(c.subs) && c.subs[n].Generation < oldest {
+		if n == 0 || c.subs[n].Generation != c.subs[n-1].Generation {
+			dropped++
+		}
+		c.pager.Drop(c.subs[n].ID)
+		n++
+	}
+	c.subs = append(c.subs[:0], c.subs[n:]...)
+	return dropped
+}
+
+// oldestLive is the oldest generation still live at the watermark: the one
+// the watermark is in, minus Generations (G+1 live generations).
+func (c *Chain) oldestLive() int64 {
+	return floorDiv(c.watermark, c.span) - int64(c.p.Generations)
+}
+
+// generationOf is the generation a record of timestamp ts is remembered
+// in: its own, or the oldest live one for a record older than the window.
+func (c *Chain) generationOf(ts int64) int64 {
+	if c.span == 0 {
+		return 0
+	}
+	return max(floorDiv(ts, c.span), c.oldestLive())
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if (a%b != 0) && ((a < 0) != (b < 0)) {
+		q--
+	}
+	return q
 }
 
 // position is where a key lives in one sub-filter: its page, the bit
@@ -157,7 +269,7 @@ func (c *Chain) position(h uint64, s int) position {
 	}
 	bb := c.p.BucketSize * f
 	return position{
-		id:  PageID{SubFilter: uint32(s), Page: uint32(h & (sf.Pages - 1))},
+		id:  PageID{SubFilter: sf.ID, Page: uint32(h & (sf.Pages - 1))},
 		b1:  int(local) * bb,
 		b2:  int(altLocal(local, fp, sf.bucketsPerPage)) * bb,
 		fp:  fp,
@@ -290,35 +402,98 @@ func (c *Chain) Count(key []byte) (int, error) {
 // Insert adds key unless the chain may already contain it (CF.ADDNX): it
 // returns true when key was added and false when it was (probably) present.
 // This is the dedup check-and-insert: false means "duplicate".
-// Returns ErrFull when the chain cannot grow.
+// Returns ErrFull when the chain cannot grow. With a window it inserts at
+// the watermark; use InsertAt.
 func (c *Chain) Insert(key []byte) (bool, error) {
+	return c.InsertAt(key, c.watermark)
+}
+
+// InsertAt is Insert for a record of timestamp ts (milliseconds since the
+// Unix epoch): it advances the watermark to ts and, if key is new, adds it
+// to the generation of ts (see Advance). Without a window ts is ignored.
+func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
+	c.Advance(ts)
 	h := xxhash.Sum64(key)
 	found, err := c.containsHash(h)
 	if err != nil || found {
 		return false, err
 	}
-	return true, c.addHash(h)
+	return true, c.addHash(h, c.generationOf(ts))
 }
 
 // Add inserts a copy of key's fingerprint whether or not it is present
 // (CF.ADD), for counting occurrences. A bucket pair holds at most 2b copies
 // of one fingerprint; more copies of one key go to new sub-filters.
-// Returns ErrFull when the chain cannot grow.
+// Returns ErrFull when the chain cannot grow. With a window it adds at the
+// watermark; use AddAt.
 func (c *Chain) Add(key []byte) error {
-	return c.addHash(xxhash.Sum64(key))
+	return c.AddAt(key, c.watermark)
 }
 
-func (c *Chain) addHash(h uint64) error {
-	s := len(c.subs) - 1
-	ok, err := c.place(h, s)
-	if err != nil || ok {
-		return err
+// AddAt is Add for a record of timestamp ts: it advances the watermark to
+// ts and adds the copy to the generation of ts.
+func (c *Chain) AddAt(key []byte, ts int64) error {
+	c.Advance(ts)
+	return c.addHash(xxhash.Sum64(key), c.generationOf(ts))
+}
+
+// Refresh re-remembers key for a record of timestamp ts (sliding expiry):
+// it advances the watermark to ts and, if the oldest copy of key's
+// fingerprint lies in a generation older than that of ts, moves it there
+// (a Delete from the old generation and an Add to the new one), so that
+// the key lives a window past ts. The number of copies is unchanged. It
+// reports whether a copy moved. Like Delete it may move another key's
+// matching fingerprint instead (probability about the false-positive
+// rate), which only keeps that key longer. Without a window it does
+// nothing.
+func (c *Chain) Refresh(key []byte, ts int64) (bool, error) {
+	if c.span == 0 {
+		return false, nil
 	}
-	if len(c.subs) == MaxSubFilters {
-		return fmt.Errorf("%w: %d sub-filters", ErrFull, MaxSubFilters)
+	c.Advance(ts)
+	h := xxhash.Sum64(key)
+	gen := c.generationOf(ts)
+	for s := range c.subs {
+		if c.subs[s].Generation >= gen {
+			break
+		}
+		pos := c.position(h, s)
+		pg, err := c.page(pos.id)
+		if err != nil {
+			return false, err
+		}
+		f := pos.sub.FingerprintBits
+		off := c.find(pg, pos.b1, f, pos.fp)
+		if off < 0 {
+			off = c.find(pg, pos.b2, f, pos.fp)
+		}
+		if off >= 0 {
+			c.clearSlot(s, pos.id, pg, off)
+			return true, c.addHash(h, gen)
+		}
 	}
-	c.subs = append(c.subs, c.subFilter(s+1, c.p.nextPages(c.subs[s].Pages)))
-	ok, err = c.place(h, s+1)
+	return false, nil
+}
+
+// addHash adds h's fingerprint to generation gen: to its newest sub-filter,
+// or to a new one when that is full or gen has none yet.
+func (c *Chain) addHash(h uint64, gen int64) error {
+	lo, hi := c.generation(gen)
+	if hi > lo {
+		ok, err := c.place(h, hi-1)
+		if err != nil || ok {
+			return err
+		}
+		if hi-lo == MaxSubFilters {
+			return fmt.Errorf("%w: %d sub-filters", ErrFull, MaxSubFilters)
+		}
+	}
+	pages := c.p.firstPages()
+	if hi > lo {
+		pages = c.p.nextPages(c.subs[hi-1].Pages)
+	}
+	c.subs = slices.Insert(c.subs, hi, c.subFilter(gen, hi-lo, pages))
+	ok, err := c.place(h, hi)
 	if err == nil && !ok {
 		// An empty sub-filter has room in the key's primary bucket.
 		err = fmt.Errorf("%w: no room in a new sub-filter", ErrCorrupt)
@@ -398,15 +573,20 @@ func (c *Chain) Delete(key []byte) (bool, error) {
 			off = c.find(pg, pos.b2, f, pos.fp)
 		}
 		if off >= 0 {
-			set(pg, off, f, 0)
-			c.pager.MarkDirty(pos.id, pg)
-			if c.subs[s].Items > 0 { // a corrupt page can hold more than Items says
-				c.subs[s].Items--
-			}
+			c.clearSlot(s, pos.id, pg, off)
 			return true, nil
 		}
 	}
 	return false, nil
+}
+
+// clearSlot empties the slot at bit offset off of page id of sub-filter s.
+func (c *Chain) clearSlot(s int, id PageID, pg []byte, off int) {
+	set(pg, off, c.subs[s].FingerprintBits, 0)
+	c.pager.MarkDirty(id, pg)
+	if c.subs[s].Items > 0 { // a corrupt page can hold more than Items says
+		c.subs[s].Items--
+	}
 }
 
 // splitmix64 is the PRNG of eviction walks (Steele, Lea, Flood 2014); it is

@@ -101,3 +101,5 @@ func (p *fixedPager) Page(id PageID) ([]byte, error) {
 }
 
 func (p *fixedPager) MarkDirty(PageID, []byte) {}
+
+func (p *fixedPager) Drop(uint32) {}

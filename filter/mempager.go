@@ -34,6 +34,16 @@ func (m *MemPager) MarkDirty(id PageID, page []byte) {
 	m.dirty[id] = struct{}{}
 }
 
+// Drop deletes every page of subFilter.
+func (m *MemPager) Drop(subFilter uint32) {
+	for id := range m.pages {
+		if id.SubFilter == subFilter {
+			delete(m.pages, id)
+			delete(m.dirty, id)
+		}
+	}
+}
+
 // TakeDirty returns the pages marked dirty since the previous call and
 // forgets them.
 func (m *MemPager) TakeDirty() map[PageID]struct{} {

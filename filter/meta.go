@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"time"
 )
 
 // FormatVersion is the version of the metadata and page format this package
 // writes. Open refuses any other.
-const FormatVersion = 2
+const FormatVersion = 3
 
 // HashXXH64 identifies xxhash64 as the key hash in the metadata. Changing
 // the hash is a format change.
@@ -18,8 +19,10 @@ const HashXXH64 = 1
 var metaMagic = [4]byte{'K', 'D', 'C', 'F'}
 
 const (
-	metaHeaderLen = 4 + 1 + 1 + 1 + 1 + 4 + 2 + 4 + 8 + 8 + 2 // magic .. sub-filter count
-	metaSubLen    = 8 + 1 + 8
+	// magic .. target rate, window, generations, next ID, watermark,
+	// sub-filter count
+	metaHeaderLen = 4 + 1 + 1 + 1 + 1 + 4 + 2 + 4 + 8 + 8 + 8 + 1 + 4 + 8 + 2
+	metaSubLen    = 4 + 8 + 8 + 1 + 8 // ID, generation, pages, width, items
 	metaCRCLen    = 4
 )
 
@@ -28,14 +31,21 @@ type Meta struct {
 	FormatVersion int
 	HashID        int
 	Params        Params
-	SubFilters    []SubFilter
+	// NextID is the ID the next new sub-filter gets.
+	NextID uint32
+	// Watermark is the highest record timestamp seen (ms), math.MinInt64
+	// before any.
+	Watermark  int64
+	SubFilters []SubFilter
 }
 
-// MarshalMeta encodes the chain metadata: format version, hash id, Params and
-// every sub-filter (pages, fingerprint width, items), big endian, followed
-// by a CRC-32C of the preceding bytes.
+// MarshalMeta encodes the chain metadata: format version, hash id, Params,
+// next sub-filter ID, watermark and every sub-filter (ID, generation, pages,
+// fingerprint width, items), big endian, followed by a CRC-32C of the
+// preceding bytes.
 func (c *Chain) MarshalMeta() []byte {
-	return Meta{FormatVersion: FormatVersion, HashID: HashXXH64, Params: c.p, SubFilters: c.subs}.marshal()
+	return Meta{FormatVersion: FormatVersion, HashID: HashXXH64, Params: c.p,
+		NextID: c.nextID, Watermark: c.watermark, SubFilters: c.subs}.marshal()
 }
 
 func (m Meta) marshal() []byte {
@@ -47,8 +57,14 @@ func (m Meta) marshal() []byte {
 	b = binary.BigEndian.AppendUint32(b, uint32(m.Params.PageBytes))
 	b = binary.BigEndian.AppendUint64(b, m.Params.Capacity)
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(m.Params.TargetFPR))
+	b = binary.BigEndian.AppendUint64(b, uint64(m.Params.Window))
+	b = append(b, byte(m.Params.Generations))
+	b = binary.BigEndian.AppendUint32(b, m.NextID)
+	b = binary.BigEndian.AppendUint64(b, uint64(m.Watermark))
 	b = binary.BigEndian.AppendUint16(b, uint16(len(m.SubFilters)))
 	for _, s := range m.SubFilters {
+		b = binary.BigEndian.AppendUint32(b, s.ID)
+		b = binary.BigEndian.AppendUint64(b, uint64(s.Generation))
 		b = binary.BigEndian.AppendUint64(b, s.Pages)
 		b = append(b, byte(s.FingerprintBits))
 		b = binary.BigEndian.AppendUint64(b, s.Items)
@@ -88,14 +104,19 @@ func DecodeMeta(b []byte) (Meta, error) {
 			PageBytes:       int(binary.BigEndian.Uint32(body[14:])),
 			Capacity:        binary.BigEndian.Uint64(body[18:]),
 			TargetFPR:       math.Float64frombits(binary.BigEndian.Uint64(body[26:])),
+			Window:          time.Duration(binary.BigEndian.Uint64(body[34:])),
+			Generations:     int(body[42]),
 		},
+		NextID:    binary.BigEndian.Uint32(body[43:]),
+		Watermark: int64(binary.BigEndian.Uint64(body[47:])),
 	}
-	n := int(binary.BigEndian.Uint16(body[34:]))
+	n := int(binary.BigEndian.Uint16(body[55:]))
 	rest := body[metaHeaderLen:]
 	if len(rest) != n*metaSubLen {
 		return Meta{}, fmt.Errorf("%w: metadata lists %d sub-filters in %d bytes", ErrCorrupt, n, len(rest))
 	}
-	if n == 0 || n > MaxSubFilters {
+	windowed := m.Params.Window > 0
+	if (n == 0 && !windowed) || n > MaxSubFilters*max(1, m.Params.liveGenerations()) {
 		return Meta{}, fmt.Errorf("%w: %d sub-filters", ErrCorrupt, n)
 	}
 	if m.Params.Validate() != nil || m.Params != m.Params.WithDefaults() {
@@ -103,17 +124,38 @@ func DecodeMeta(b []byte) (Meta, error) {
 		// sane before anything indexes pages with it.
 		return Meta{}, fmt.Errorf("%w: metadata parameters %s", ErrCorrupt, m.Params)
 	}
+	seen := make(map[uint32]bool, n)
+	inGen := 0 // index of the sub-filter within its generation
 	for i := range n {
 		r := rest[i*metaSubLen:]
 		s := SubFilter{
-			Pages:           binary.BigEndian.Uint64(r),
-			FingerprintBits: int(r[8]),
-			Items:           binary.BigEndian.Uint64(r[9:]),
+			ID:              binary.BigEndian.Uint32(r),
+			Generation:      int64(binary.BigEndian.Uint64(r[4:])),
+			Pages:           binary.BigEndian.Uint64(r[12:]),
+			FingerprintBits: int(r[20]),
+			Items:           binary.BigEndian.Uint64(r[21:]),
+		}
+		if s.ID >= m.NextID || seen[s.ID] {
+			return Meta{}, fmt.Errorf("%w: sub-filter %d has ID %d (next ID %d, duplicates not allowed)", ErrCorrupt, i, s.ID, m.NextID)
+		}
+		seen[s.ID] = true
+		switch {
+		case !windowed && s.Generation != 0:
+			return Meta{}, fmt.Errorf("%w: sub-filter %d is in generation %d without a window", ErrCorrupt, i, s.Generation)
+		case i > 0 && s.Generation < m.SubFilters[i-1].Generation:
+			return Meta{}, fmt.Errorf("%w: sub-filter %d is in generation %d after generation %d", ErrCorrupt, i, s.Generation, m.SubFilters[i-1].Generation)
+		case i > 0 && s.Generation == m.SubFilters[i-1].Generation:
+			inGen++
+		default:
+			inGen = 0
+		}
+		if inGen >= MaxSubFilters {
+			return Meta{}, fmt.Errorf("%w: generation %d has more than %d sub-filters", ErrCorrupt, s.Generation, MaxSubFilters)
 		}
 		if s.Pages == 0 || s.Pages > 1<<maxPageBits || s.Pages&(s.Pages-1) != 0 {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d pages", ErrCorrupt, i, s.Pages)
 		}
-		if want := m.Params.SubFilterBits(i); s.FingerprintBits != want {
+		if want := m.Params.SubFilterBits(inGen); s.FingerprintBits != want {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d-bit fingerprints, its parameters give %d", ErrCorrupt, i, s.FingerprintBits, want)
 		}
 		s.bucketsPerPage = m.Params.bucketsPerPage(s.FingerprintBits)
@@ -152,5 +194,7 @@ func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
 	}
 	c := newChain(p, pager)
 	c.subs = m.SubFilters
+	c.nextID = m.NextID
+	c.watermark = m.Watermark
 	return c, nil
 }

@@ -16,6 +16,7 @@ type Overlay struct {
 	base     Pager
 	staged   map[PageID][]byte
 	modified map[PageID]struct{}
+	dropped  []uint32 // sub-filters dropped this round
 	spare    [][]byte // page buffers for reuse
 }
 
@@ -51,6 +52,18 @@ func (o *Overlay) MarkDirty(id PageID, page []byte) {
 	o.modified[id] = struct{}{}
 }
 
+// Drop forgets the staged pages of subFilter; Commit passes the drop on to
+// the base Pager, Discard forgets it (the sub-filter is back in the chain
+// the caller restores).
+func (o *Overlay) Drop(subFilter uint32) {
+	for id := range o.staged {
+		if id.SubFilter == subFilter {
+			o.release(id)
+		}
+	}
+	o.dropped = append(o.dropped, subFilter)
+}
+
 // Modified returns the number of pages modified since the last Commit or
 // Discard.
 func (o *Overlay) Modified() int { return len(o.modified) }
@@ -68,6 +81,9 @@ func (o *Overlay) Commit() error {
 		copy(pg, o.staged[id])
 		o.base.MarkDirty(id, pg)
 	}
+	for _, sub := range o.dropped {
+		o.base.Drop(sub)
+	}
 	o.reset()
 	return nil
 }
@@ -76,11 +92,17 @@ func (o *Overlay) Commit() error {
 func (o *Overlay) Discard() { o.reset() }
 
 func (o *Overlay) reset() {
-	for id, pg := range o.staged {
-		if len(o.spare) < 1024 {
-			o.spare = append(o.spare, pg)
-		}
-		delete(o.staged, id)
+	for id := range o.staged {
+		o.release(id)
 	}
-	clear(o.modified)
+	o.dropped = o.dropped[:0]
+}
+
+// release forgets the staged copy of id and keeps its buffer for reuse.
+func (o *Overlay) release(id PageID) {
+	if len(o.spare) < 1024 {
+		o.spare = append(o.spare, o.staged[id])
+	}
+	delete(o.staged, id)
+	delete(o.modified, id)
 }

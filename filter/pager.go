@@ -23,4 +23,10 @@ type Pager interface {
 	// MarkDirty records that page (the slice returned by Page for id) was
 	// modified and must be persisted by the next write batch.
 	MarkDirty(id PageID, page []byte)
+	// Drop records that sub-filter subFilter left the chain (its generation
+	// expired): none of its pages will be asked for again, and they may be
+	// deleted once metadata without the sub-filter is durable, not before
+	// (the durable metadata still refers to them until then). Pages of the
+	// sub-filter marked dirty and not yet persisted need not be.
+	Drop(subFilter uint32)
 }

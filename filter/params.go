@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"time"
 )
 
 // Defaults of Params; a zero field means its default.
@@ -15,6 +16,11 @@ const (
 	DefaultMaxKicks   = 500
 	DefaultExpansion  = 2
 	DefaultPageBytes  = 4096
+	// DefaultGenerations is the number of generations a window is cut into
+	// when Params.Window is set and Params.Generations is not.
+	DefaultGenerations = 8
+	// MaxGenerations bounds Params.Generations.
+	MaxGenerations = 64
 )
 
 // Fingerprint widths a sub-filter may use, in bits.
@@ -67,6 +73,22 @@ type Params struct {
 	// two holding at least one bucket of 32-bit fingerprints. 2-4 KiB pages
 	// store 96-98% useful bytes in an LSM store (Kvrocks PR #3481 review).
 	PageBytes int
+	// Window, when set, makes the chain forget keys by record timestamp:
+	// the timeline is cut into generations of Window/Generations (the
+	// span, in whole milliseconds), a key is inserted into the generation
+	// of its record's timestamp, and a generation is dropped whole once the
+	// highest timestamp seen (the watermark) is a window past its end. A
+	// key is therefore remembered while the watermark is less than a window
+	// past its timestamp, and forgotten once it is a window plus one span
+	// past it. 0 (default) remembers every key until it is deleted. See
+	// Chain.Advance for late and out-of-order timestamps.
+	Window time.Duration
+	// Generations is how many generations a window holds (default 8 when
+	// Window is set, 1 to 64): more generations expire keys closer to the
+	// window (the overshoot is one span) at the price of more sub-filters
+	// and a tighter false-positive budget each, since G+1 generations are
+	// live at once (see SubFilterBits).
+	Generations int
 }
 
 // WithDefaults returns p with every zero field set to its default.
@@ -91,6 +113,11 @@ func (p Params) WithDefaults() Params {
 	}
 	if p.PageBytes == 0 {
 		p.PageBytes = DefaultPageBytes
+	}
+	if p.Window == 0 {
+		p.Generations = 0 // one encoding per state
+	} else if p.Generations == 0 {
+		p.Generations = DefaultGenerations
 	}
 	return p
 }
@@ -121,6 +148,14 @@ func (p Params) Validate() error {
 	} else if len(errs) == 0 && p.PageBytes*8 < p.BucketSize*MaxFingerprintBits {
 		errs = append(errs, fmt.Errorf("filter: page bytes %d: smaller than one bucket of %d-bit fingerprints", p.PageBytes, MaxFingerprintBits))
 	}
+	if p.Window < 0 {
+		errs = append(errs, fmt.Errorf("filter: window %s: must not be negative", p.Window))
+	}
+	if p.Window > 0 && (p.Generations < 1 || p.Generations > MaxGenerations) {
+		errs = append(errs, fmt.Errorf("filter: generations %d: must be 1..%d", p.Generations, MaxGenerations))
+	} else if p.Window > 0 && p.Window.Milliseconds() < int64(p.Generations) {
+		errs = append(errs, fmt.Errorf("filter: window %s: must be at least one millisecond per generation (%d)", p.Window, p.Generations))
+	}
 	if len(errs) == 0 && p.firstPages() > 1<<maxPageBits {
 		errs = append(errs, fmt.Errorf("filter: capacity %d needs more than 2^%d pages of %d bytes: raise the page size", p.Capacity, maxPageBits, p.PageBytes))
 	}
@@ -129,14 +164,34 @@ func (p Params) Validate() error {
 
 // String formats p as the stored-versus-configured comparisons print it.
 func (p Params) String() string {
-	return fmt.Sprintf("target_fpr=%g fingerprint_bits=%d bucket_size=%d capacity=%d max_kicks=%d expansion=%d page_bytes=%d",
-		p.TargetFPR, p.FingerprintBits, p.BucketSize, p.Capacity, p.MaxKicks, p.Expansion, p.PageBytes)
+	return fmt.Sprintf("target_fpr=%g fingerprint_bits=%d bucket_size=%d capacity=%d max_kicks=%d expansion=%d page_bytes=%d window=%s generations=%d",
+		p.TargetFPR, p.FingerprintBits, p.BucketSize, p.Capacity, p.MaxKicks, p.Expansion, p.PageBytes, p.Window, p.Generations)
 }
 
-// SubFilterBits is the fingerprint width of sub-filter i (0 is the oldest).
+// spanMillis is the span of one generation in milliseconds (0 without a
+// window): Window/Generations, rounded down to whole milliseconds.
+func (p Params) spanMillis() int64 {
+	if p.Window <= 0 || p.Generations <= 0 {
+		return 0
+	}
+	return p.Window.Milliseconds() / int64(p.Generations)
+}
+
+// liveGenerations is how many generations can hold keys at once: G+1 with
+// a window (the one the watermark is in and the G before it), 1 without.
+func (p Params) liveGenerations() int {
+	if p.spanMillis() == 0 {
+		return 1
+	}
+	return p.Generations + 1
+}
+
+// SubFilterBits is the fingerprint width of sub-filter i of a generation (0
+// is the generation's oldest; without a window the chain is one
+// generation).
 //
 // With FingerprintBits set it is that width. Otherwise the chain keeps its
-// false-positive rate under TargetFPR = ε by a geometric budget, as scalable
+// false-positive rate under TargetFPR by a geometric budget, as scalable
 // Bloom filters do (Almeida et al. 2007): sub-filter i may contribute
 // ε_i = ε(1-r)r^i with r = 1/2, and Σ ε_i = ε(1-r)/(1-r) = ε for any
 // number of sub-filters. A sub-filter at load α ≤ 1 has a false-positive
@@ -152,11 +207,18 @@ func (p Params) String() string {
 // Stats.EstimatedFPR shows by how much. The price is one bit per key more
 // than a single filter for the first capacity, and one more bit for each
 // doubling of the chain beyond it.
+//
+// With a window, G+1 generations are live at once and a lookup checks them
+// all, so each generation gets ε = TargetFPR/(G+1) and the budget above
+// within it: log2(G+1) more bits per key (21 bits instead of 18 for the
+// first sub-filter at the defaults with 8 generations), the price of
+// expiring keys by dropping whole generations instead of one by one.
 func (p Params) SubFilterBits(i int) int {
 	if p.FingerprintBits != 0 {
 		return p.FingerprintBits
 	}
-	budget := p.TargetFPR * (1 - tightening) * math.Pow(tightening, float64(i))
+	target := p.TargetFPR / float64(p.liveGenerations())
+	budget := target * (1 - tightening) * math.Pow(tightening, float64(i))
 	f := int(math.Ceil(math.Log2(2 * float64(p.BucketSize) / budget)))
 	return min(max(f, MinFingerprintBits), MaxFingerprintBits)
 }

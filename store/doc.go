@@ -36,6 +36,19 @@
 //	P | 'm'                                       chain metadata (opaque)
 //	P | 'c'                                       checkpoint: int64 offset | int32 leader epoch
 //	P | 'p' | uint32 sub-filter | uint32 page     page bytes (PageBytes long)
+//	P | 'd' | uint32 sub-filter                   sub-filter dropped, pages not yet deleted (empty value)
+//
+// # Dropped sub-filters
+//
+// When a dedup window expires a generation, the chain hands its sub-filters
+// to Partition.Drop. The write batch that commits metadata without them
+// also writes a 'd' marker per sub-filter; after it commits, the
+// sub-filter's pages are deleted (Badger prefix iteration and deletes in a
+// WriteBatch, whose partial flushes are harmless here: nothing refers to
+// those pages any more) and the marker last. A crash in between leaves the
+// marker, and the next Partition open finishes the deletion. Sub-filter IDs
+// are never reused, so deleting late never races a new sub-filter. The
+// space is reclaimed by compaction and value-log GC.
 //
 // Open writes the layout version into an empty database and refuses any
 // other version.

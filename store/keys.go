@@ -16,6 +16,7 @@ const (
 	tagMeta       byte = 'm' // after a partition prefix: chain metadata
 	tagCheckpoint byte = 'c' // after a partition prefix: int64 offset | int32 leader epoch
 	tagPage       byte = 'p' // after a partition prefix: uint32 sub-filter | uint32 page
+	tagDropped    byte = 'd' // after a partition prefix: uint32 sub-filter whose pages are to be deleted
 
 	// maxTopicBytes is Kafka's limit on a topic name (Topic.MAX_NAME_LENGTH
 	// in Kafka's common/internals/Topic.java). Bounding the key length lets
@@ -75,6 +76,21 @@ func pageKey(prefix []byte, id filter.PageID) []byte {
 	k = append(k, tagPage)
 	k = binary.BigEndian.AppendUint32(k, id.SubFilter)
 	return binary.BigEndian.AppendUint32(k, id.Page)
+}
+
+// subFilterPagesPrefix is the prefix of every page key of one sub-filter.
+func subFilterPagesPrefix(prefix []byte, subFilter uint32) []byte {
+	k := make([]byte, 0, len(prefix)+1+4)
+	k = append(k, prefix...)
+	k = append(k, tagPage)
+	return binary.BigEndian.AppendUint32(k, subFilter)
+}
+
+func droppedKey(prefix []byte, subFilter uint32) []byte {
+	k := make([]byte, 0, len(prefix)+1+4)
+	k = append(k, prefix...)
+	k = append(k, tagDropped)
+	return binary.BigEndian.AppendUint32(k, subFilter)
 }
 
 func encodeCheckpoint(cp Checkpoint) []byte {

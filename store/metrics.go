@@ -8,13 +8,14 @@ import (
 // metrics are shared by every Partition of one DB. With a nil Registerer
 // they are created but not registered.
 type metrics struct {
-	commitSeconds prometheus.Histogram
-	commitBytes   prometheus.Counter
-	commits       prometheus.Counter
-	commitErrors  prometheus.Counter
-	cacheHits     prometheus.Counter
-	cacheMisses   prometheus.Counter
-	pageReads     prometheus.Counter
+	commitSeconds  prometheus.Histogram
+	commitBytes    prometheus.Counter
+	commits        prometheus.Counter
+	commitErrors   prometheus.Counter
+	cacheHits      prometheus.Counter
+	cacheMisses    prometheus.Counter
+	pageReads      prometheus.Counter
+	pagesReclaimed prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -49,6 +50,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		pageReads: f.NewCounter(prometheus.CounterOpts{
 			Name: "kdedup_store_page_reads_total",
 			Help: "Pages read from Badger (misses whose page had been written before; the others read as zeros).",
+		}),
+		pagesReclaimed: f.NewCounter(prometheus.CounterOpts{
+			Name: "kdedup_store_pages_reclaimed_total",
+			Help: "Stored pages deleted because their sub-filter's generation expired (dedup window).",
 		}),
 	}
 }

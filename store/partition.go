@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -34,10 +35,15 @@ type Partition struct {
 	prefix []byte
 	owner  uint64 // namespace of this Partition's entries in the DB's page cache
 	dirty  map[filter.PageID][]byte
-	meta   []byte
-	cp     Checkpoint
-	hasCP  bool
-	closed bool
+	// dropped are the sub-filters dropped since the last write batch;
+	// reclaim are those committed as dropped whose pages are not yet
+	// deleted.
+	dropped []uint32
+	reclaim []uint32
+	meta    []byte
+	cp      Checkpoint
+	hasCP   bool
+	closed  bool
 }
 
 func (p *Partition) load() error {
@@ -65,7 +71,76 @@ func (p *Partition) load() error {
 		return fmt.Errorf("store: loading %s: %w", p.tp, err)
 	}
 	p.meta, p.hasCP = meta, true
+	if p.reclaim, err = p.droppedMarkers(); err != nil {
+		return fmt.Errorf("store: loading %s: %w", p.tp, err)
+	}
+	if !p.db.opts.ReadOnly {
+		p.deleteDropped()
+	}
 	return nil
+}
+
+// droppedMarkers lists the sub-filters whose drop was committed and whose
+// pages may not all be deleted yet.
+func (p *Partition) droppedMarkers() ([]uint32, error) {
+	var subs []uint32
+	start := append(append([]byte{}, p.prefix...), tagDropped)
+	err := p.db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: start})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			k := it.Item().Key()
+			if len(k) != len(start)+4 {
+				return fmt.Errorf("dropped-sub-filter key %x is %d bytes, want %d: %w", k, len(k), len(start)+4, ErrCorrupt)
+			}
+			subs = append(subs, binary.BigEndian.Uint32(k[len(start):]))
+		}
+		return nil
+	})
+	return subs, err
+}
+
+// deleteDropped deletes the pages of the sub-filters in p.reclaim and then
+// their markers. A failure is logged and the sub-filters stay listed, to be
+// retried after the next write batch (or the next open): the pages are
+// garbage, nothing reads them, and the committed state is unaffected.
+func (p *Partition) deleteDropped() {
+	for len(p.reclaim) > 0 {
+		sub := p.reclaim[0]
+		n, err := p.deleteSubFilter(sub)
+		if err != nil {
+			p.db.logger.Error("deleting the pages of a dropped sub-filter failed; will retry after the next write batch",
+				"partition", p.tp.String(), "sub_filter", sub, "err", err)
+			return
+		}
+		p.db.metrics.pagesReclaimed.Add(float64(n))
+		p.reclaim = p.reclaim[1:]
+	}
+}
+
+func (p *Partition) deleteSubFilter(sub uint32) (int, error) {
+	prefix := subFilterPagesPrefix(p.prefix, sub)
+	wb := p.db.bdb.NewWriteBatch()
+	defer wb.Cancel()
+	n := 0
+	err := p.db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			if err := wb.Delete(it.Item().KeyCopy(nil)); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err == nil {
+		err = wb.Flush()
+	}
+	if err == nil {
+		err = p.db.bdb.Update(func(txn *badger.Txn) error { return txn.Delete(droppedKey(p.prefix, sub)) })
+	}
+	return n, err
 }
 
 // get returns a copy of key's value (non-nil when found, even if empty).
@@ -153,6 +228,23 @@ func (p *Partition) MarkDirty(id filter.PageID, page []byte) {
 	p.db.cache.Remove(cacheKey{owner: p.owner, id: id})
 }
 
+// Drop implements filter.Pager: the sub-filter's dirty pages are forgotten,
+// and the next Commit records the drop and then deletes its stored pages
+// (see the package comment). Its clean cached pages are left to age out
+// of the LRU: IDs are never reused, so nothing asks for them again. It has
+// no effect after Close.
+func (p *Partition) Drop(subFilter uint32) {
+	if p.closed {
+		return
+	}
+	for id := range p.dirty {
+		if id.SubFilter == subFilter {
+			delete(p.dirty, id)
+		}
+	}
+	p.dropped = append(p.dropped, subFilter)
+}
+
 // DirtyBytes returns the bytes of pages marked dirty since the last
 // successful Commit (or Discard).
 func (p *Partition) DirtyBytes() int64 {
@@ -192,6 +284,9 @@ func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
 	clear(p.dirty)
 	p.meta = append([]byte{}, meta...)
 	p.cp, p.hasCP = cp, true
+	p.reclaim = append(p.reclaim, p.dropped...)
+	p.dropped = p.dropped[:0]
+	p.deleteDropped()
 	return nil
 }
 
@@ -218,6 +313,11 @@ func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, error) {
 			return 0, err
 		}
 	}
+	for _, sub := range p.dropped {
+		if err := set(droppedKey(p.prefix, sub), nil); err != nil {
+			return 0, err
+		}
+	}
 	if err := set(metaKey(p.prefix), meta); err != nil {
 		return 0, err
 	}
@@ -240,6 +340,7 @@ func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, error) {
 // Use it when the partition is lost or its uncommitted changes are void.
 func (p *Partition) Discard() {
 	clear(p.dirty)
+	p.dropped = p.dropped[:0]
 	p.dropCached()
 }
 
