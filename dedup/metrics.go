@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"math"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,11 +14,11 @@ import (
 // Create one per process with NewMetrics and share it between Partitions;
 // safe for concurrent use.
 type Metrics struct {
-	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed *prometheus.CounterVec
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired *prometheus.CounterVec
 
 	commitSeconds prometheus.Histogram
 
-	load, newestLoad, subFilters, items, fpr, bytes, bits, nearFull *prometheus.GaugeVec
+	load, newestLoad, subFilters, generations, watermark, items, fpr, bytes, bits, nearFull *prometheus.GaugeVec
 }
 
 // NewMetrics registers the metrics with reg (nil: not registered).
@@ -39,19 +40,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		deletesMissing: counter("kdedup_delete_missing_total", "Deletes whose key was not in the filter."),
 		unkeyed:        counter("kdedup_unkeyed_records_total", "Records without a usable dedup key, forwarded unchanged."),
 		replayed:       counter("kdedup_replayed_records_total", "Records applied to the filter without forwarding, to rebuild or catch up state from the input topic."),
+		expired:        counter("kdedup_filter_generations_expired_total", "Generations dropped because the dedup window passed them (only with WINDOW set)."),
 		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kdedup_batch_commit_seconds",
 			Help:    "Latency of one write batch (dirty pages, metadata and checkpoint in one Badger transaction).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
-		load:       gauge("kdedup_filter_load_factor", "Items over slots across the partition's chain."),
-		newestLoad: gauge("kdedup_filter_newest_load_factor", "Load factor of the sub-filter inserts go to."),
-		subFilters: gauge("kdedup_filter_sub_filters", "Sub-filters in the partition's chain."),
-		items:      gauge("kdedup_filter_items", "Fingerprints stored in the partition's chain."),
-		fpr:        gauge("kdedup_filter_estimated_fpr", "Estimated false-positive rate of the chain: the sum of 2*b*load/2^f over sub-filters."),
-		bytes:      gauge("kdedup_filter_bytes", "Size of the chain's pages."),
-		bits:       gauge("kdedup_filter_fingerprint_bits", "Fingerprint width of the newest sub-filter (widths grow by one bit per sub-filter to keep the target false-positive rate)."),
-		nearFull:   gauge("kdedup_filter_near_full", "1 when the chain can add at most one more sub-filter before inserts fail or the target false-positive rate can no longer be kept."),
+		load:        gauge("kdedup_filter_load_factor", "Items over slots across the partition's chain."),
+		newestLoad:  gauge("kdedup_filter_newest_load_factor", "Load factor of the sub-filter inserts go to."),
+		subFilters:  gauge("kdedup_filter_sub_filters", "Sub-filters in the partition's chain."),
+		generations: gauge("kdedup_filter_generations", "Live generations of the partition's chain (1 without a dedup window; at most WINDOW_GENERATIONS+1 with one)."),
+		watermark:   gauge("kdedup_filter_watermark_timestamp_seconds", "Highest record timestamp the partition's chain has seen, which drives window expiry (only with WINDOW set)."),
+		items:       gauge("kdedup_filter_items", "Fingerprints stored in the partition's chain."),
+		fpr:         gauge("kdedup_filter_estimated_fpr", "Estimated false-positive rate of the chain: the sum of 2*b*load/2^f over sub-filters."),
+		bytes:       gauge("kdedup_filter_bytes", "Size of the chain's pages."),
+		bits:        gauge("kdedup_filter_fingerprint_bits", "Fingerprint width of the newest sub-filter (widths grow by one bit per sub-filter to keep the target false-positive rate)."),
+		nearFull:    gauge("kdedup_filter_near_full", "1 when the chain can add at most one more sub-filter before inserts fail or the target false-positive rate can no longer be kept."),
 	}
 }
 
@@ -59,8 +63,8 @@ type partitionMetrics struct {
 	m      *Metrics
 	labels []string
 
-	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed prometheus.Counter
-	commitSeconds                                                                          prometheus.Observer
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired prometheus.Counter
+	commitSeconds                                                                                   prometheus.Observer
 }
 
 func (m *Metrics) forPartition(topic string, partition int32) partitionMetrics {
@@ -76,6 +80,7 @@ func (m *Metrics) forPartition(topic string, partition int32) partitionMetrics {
 		deletesMissing: m.deletesMissing.WithLabelValues(l...),
 		unkeyed:        m.unkeyed.WithLabelValues(l...),
 		replayed:       m.replayed.WithLabelValues(l...),
+		expired:        m.expired.WithLabelValues(l...),
 		commitSeconds:  m.commitSeconds,
 	}
 }
@@ -85,6 +90,10 @@ func (pm partitionMetrics) observe(s filter.Stats) {
 	m.load.WithLabelValues(l...).Set(s.LoadFactor)
 	m.newestLoad.WithLabelValues(l...).Set(s.NewestLoadFactor)
 	m.subFilters.WithLabelValues(l...).Set(float64(s.SubFilters))
+	m.generations.WithLabelValues(l...).Set(float64(s.Generations))
+	if s.Watermark != math.MinInt64 {
+		m.watermark.WithLabelValues(l...).Set(float64(s.Watermark) / 1e3)
+	}
 	m.items.WithLabelValues(l...).Set(float64(s.Items))
 	m.fpr.WithLabelValues(l...).Set(s.EstimatedFPR)
 	m.bytes.WithLabelValues(l...).Set(float64(s.Bytes))
@@ -99,7 +108,7 @@ func (pm partitionMetrics) observe(s filter.Stats) {
 // forget drops the gauges of a partition this worker no longer owns;
 // counters stay so that rates survive a partition moving away and back.
 func (pm partitionMetrics) forget() {
-	for _, g := range []*prometheus.GaugeVec{pm.m.load, pm.m.newestLoad, pm.m.subFilters, pm.m.items, pm.m.fpr, pm.m.bytes, pm.m.bits, pm.m.nearFull} {
+	for _, g := range []*prometheus.GaugeVec{pm.m.load, pm.m.newestLoad, pm.m.subFilters, pm.m.generations, pm.m.watermark, pm.m.items, pm.m.fpr, pm.m.bytes, pm.m.bits, pm.m.nearFull} {
 		g.DeleteLabelValues(pm.labels...)
 	}
 }

@@ -88,6 +88,14 @@ type Options struct {
 	// than MaxOccurrences times. The limit may change between runs over
 	// the same state: deletes remove every copy whatever the limit was.
 	MaxOccurrences int
+	// Refresh, with a dedup window (Filter.Window), re-remembers a key each
+	// time one of its records is dropped (sliding expiry, like Flink's
+	// state TTL updated on read and write, or Vector's dedupe refresh): the
+	// oldest copy of its fingerprint moves to the generation of the dropped
+	// record's timestamp (filter.Chain.Refresh), so a key seen at least
+	// once a window stays a duplicate for as long as it keeps coming. The
+	// number of copies never grows. Without a window it does nothing.
+	Refresh bool
 }
 
 // ErrOptions is returned (wrapped) by Open for Options out of range.
@@ -135,7 +143,7 @@ type Partition struct {
 
 // tally counts decisions not yet added to the metrics.
 type tally struct {
-	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed int
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired int
 }
 
 // Open opens the state of topic/partition in db, or starts an empty filter
@@ -198,6 +206,10 @@ func (p *Partition) Replay(r *kgo.Record) error {
 }
 
 func (p *Partition) decide(r *kgo.Record) (Decision, error) {
+	// Every record moves the window's watermark, keyed or not: time is the
+	// input's, whatever the record holds.
+	ts := r.Timestamp.UnixMilli()
+	p.tally.expired += p.chain.Advance(ts)
 	key, err := p.opts.Key.Of(r)
 	if err != nil {
 		p.lastKeyErr = err
@@ -220,21 +232,33 @@ func (p *Partition) decide(r *kgo.Record) (Decision, error) {
 		}
 		if n >= limit {
 			// No copy beyond the limit: a hot key never grows the chain.
-			return OverLimit, nil
+			return OverLimit, p.refresh(r, key, ts)
 		}
-		if err := p.chain.Add(key); err != nil {
+		if err := p.chain.AddAt(key, ts); err != nil {
 			return Forward, p.wrap(r, err)
 		}
 		return Forward, nil
 	}
-	added, err := p.chain.Insert(key)
+	added, err := p.chain.InsertAt(key, ts)
 	if err != nil {
 		return Forward, p.wrap(r, err)
 	}
 	if !added {
-		return Duplicate, nil
+		return Duplicate, p.refresh(r, key, ts)
 	}
 	return Forward, nil
+}
+
+// refresh re-remembers the key of a dropped record when Options.Refresh is
+// set.
+func (p *Partition) refresh(r *kgo.Record, key []byte, ts int64) error {
+	if !p.opts.Refresh {
+		return nil
+	}
+	if _, err := p.chain.Refresh(key, ts); err != nil {
+		return p.wrap(r, err)
+	}
+	return nil
 }
 
 // deleteAll removes every copy of key's fingerprint and returns how many it
@@ -247,7 +271,7 @@ func (p *Partition) deleteAll(key []byte) (int, error) {
 	// The slots of the key's two candidate buckets in every sub-filter of
 	// the longest chain: each Delete that finds a copy empties one of them,
 	// so the loop ends before this bound.
-	bound := 2 * p.chain.Params().BucketSize * filter.MaxSubFilters
+	bound := 2 * p.chain.Params().BucketSize * max(1, p.chain.Stats().SubFilters)
 	n := 0
 	for n < bound {
 		found, err := p.chain.Delete(key)
@@ -295,7 +319,7 @@ func (p *Partition) publish(force bool) {
 	}{
 		{t.consumed, m.consumed}, {t.forwarded, m.forwarded}, {t.duplicates, m.duplicates},
 		{t.overLimit, m.overLimit}, {t.deletes, m.deletes}, {t.deletesMissing, m.deletesMissing},
-		{t.unkeyed, m.unkeyed}, {t.replayed, m.replayed},
+		{t.unkeyed, m.unkeyed}, {t.replayed, m.replayed}, {t.expired, m.expired},
 	} {
 		if c.n != 0 {
 			c.c.Add(float64(c.n))
@@ -367,15 +391,20 @@ func (p *Partition) Checkpoint() (cp store.Checkpoint, ok bool) { return p.state
 
 // MaxDirtyPagesPerRecord bounds the filter pages deciding one record
 // changes, for sizing a batch of records whose changes must fit in one
-// write batch: an insert changes one page; a delete changes one page per
-// sub-filter holding a copy of its key, and a key has at most
-// MaxOccurrences copies. (A lowered limit can leave more copies, and other
+// write batch: an insert changes one page; a refresh two (the copy leaves
+// one page for another); a delete changes one page per sub-filter holding
+// a copy of its key, and a key has at most MaxOccurrences copies. Expired
+// generations dirty nothing: their pages are deleted after the write batch. (A lowered limit can leave more copies, and other
 // keys' copies sharing the fingerprint, with probability about the
 // false-positive rate, can add a page; bounds with headroom absorb both.)
 // A chain that grows afterwards holds in its new sub-filters only copies
 // added after this call, whose pages their adds changed already.
 func (p *Partition) MaxDirtyPagesPerRecord() int {
-	return min(p.opts.maxOccurrences(), p.chain.Stats().SubFilters)
+	n := min(p.opts.maxOccurrences(), p.chain.Stats().SubFilters)
+	if p.opts.Refresh {
+		n = max(n, 2)
+	}
+	return max(n, 1)
 }
 
 // Stats returns the filter's load, sub-filters and estimated false-positive
