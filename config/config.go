@@ -41,7 +41,10 @@ type Config struct {
 	Key               string        `env:"KEY" envDefault:"" doc:"What makes two records duplicates: empty or key for the record key, header:NAME for the value of header NAME, json:PATH for a gjson path into the JSON record value"`
 	DeleteHeader      string        `env:"DELETE_HEADER" envDefault:"" doc:"NAME=VALUE: a record carrying header NAME with value VALUE deletes its key from the filter; empty disables deletes"`
 	ForwardTombstones bool          `env:"FORWARD_TOMBSTONES" envDefault:"true" doc:"Forward tombstones (records with a null value) to OUTPUT_TOPIC: true or false"`
-	MaxOccurrences    int           `env:"MAX_OCCURRENCES" envDefault:"1" doc:"Records forwarded per key until it is deleted, 1 to 2*BUCKET_SIZE; 1 deduplicates, more throttles (later records are dropped as over the limit)"`
+	MaxOccurrences    int           `env:"MAX_OCCURRENCES" envDefault:"1" doc:"Records forwarded per key until it is deleted (or, with WINDOW, within the window), 1 to 2*BUCKET_SIZE; 1 deduplicates, more throttles (later records are dropped as over the limit)"`
+	Window            time.Duration `env:"WINDOW" envDefault:"0s" doc:"How long a key is remembered, in record time (record timestamps, never the wall clock): at least WINDOW and at most WINDOW plus one generation span past its record's timestamp; 0 remembers keys until they are deleted"`
+	WindowGenerations int           `env:"WINDOW_GENERATIONS" envDefault:"8" doc:"Generations a WINDOW is cut into, 1 to 64: expiry drops a whole generation (WINDOW/WINDOW_GENERATIONS of record time) at once; more generations forget closer to WINDOW but cost about log2(WINDOW_GENERATIONS+1) fingerprint bits per key"`
+	WindowRefresh     bool          `env:"WINDOW_REFRESH" envDefault:"false" doc:"With WINDOW: true re-remembers a key each time one of its records is dropped, so a key keeps being dropped while it recurs at least once per WINDOW (sliding expiry); false forgets it WINDOW after the record that was forwarded"`
 
 	// Cuckoo filter, per topic-partition.
 	TargetFPR       float64 `env:"TARGET_FPR" envDefault:"0.0001" doc:"False-positive rate (false drops) each partition's filter stays under as it grows: each new sub-filter gets half the remaining budget and one more fingerprint bit; between 0 and 1"`
@@ -66,18 +69,21 @@ type Config struct {
 
 // Limits enforced by Validate; the doc tags on Config state them for users.
 const (
-	maxCapacity        = 1 << 32
-	maxMaxKicks        = 100_000
-	maxExpansion       = 64
-	minPageBytes       = 512
-	maxPageBytes       = 64 * KiB
-	minCachePages      = 16
-	maxFlushBytes      = 128 * MiB
-	minFlushInterval   = 10 * time.Millisecond
-	maxFlushInterval   = time.Hour
-	minSessionTimeout  = time.Second
-	maxSessionTimeout  = 30 * time.Minute
-	maxTopicNameLength = 249 // Kafka's limit, from org.apache.kafka.common.internals.Topic.
+	maxCapacity   = 1 << 32
+	maxMaxKicks   = 100_000
+	maxExpansion  = 64
+	minPageBytes  = 512
+	maxPageBytes  = 64 * KiB
+	minCachePages = 16
+	maxFlushBytes = 128 * MiB
+	minWindowSpan = time.Second
+	// maxWindowGenerations is filter.MaxGenerations.
+	maxWindowGenerations = 64
+	minFlushInterval     = 10 * time.Millisecond
+	maxFlushInterval     = time.Hour
+	minSessionTimeout    = time.Second
+	maxSessionTimeout    = 30 * time.Minute
+	maxTopicNameLength   = 249 // Kafka's limit, from org.apache.kafka.common.internals.Topic.
 )
 
 const (
@@ -288,6 +294,19 @@ func (c Config) Validate() error {
 		v.add("MaxOccurrences", c.MaxOccurrences, "must be at least 1")
 	} else if bucketOK && c.MaxOccurrences > 2*c.BucketSize {
 		v.add("MaxOccurrences", c.MaxOccurrences, fmt.Sprintf("must be at most 2*BUCKET_SIZE, %d: a bucket pair holds that many copies of a key's fingerprint", 2*c.BucketSize))
+	}
+
+	switch {
+	case c.Window < 0:
+		v.add("Window", c.Window, "must not be negative; 0 remembers keys until they are deleted")
+	case c.Window > 0 && c.Window < time.Duration(max(c.WindowGenerations, 1))*minWindowSpan:
+		v.add("Window", c.Window, fmt.Sprintf("must be 0 or at least %s per generation (WINDOW_GENERATIONS)", formatDuration(minWindowSpan)))
+	}
+	if c.WindowGenerations < 1 || c.WindowGenerations > maxWindowGenerations {
+		v.add("WindowGenerations", c.WindowGenerations, fmt.Sprintf("must be from 1 to %d", maxWindowGenerations))
+	}
+	if c.WindowRefresh && c.Window == 0 {
+		v.add("WindowRefresh", c.WindowRefresh, "needs KDEDUP_WINDOW: without a window keys are never forgotten")
 	}
 
 	// Storage.

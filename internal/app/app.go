@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
+	"os"
 	"strings"
 	"time"
 
@@ -148,6 +150,7 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 		DeleteValue:    value,
 		DropTombstones: !cfg.ForwardTombstones,
 		MaxOccurrences: cfg.MaxOccurrences,
+		Refresh:        cfg.WindowRefresh,
 		Staged:         delivery(cfg) == consumer.ExactlyOnce,
 		Filter: filter.Params{
 			TargetFPR:       cfg.TargetFPR,
@@ -157,6 +160,8 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 			MaxKicks:        cfg.MaxKicks,
 			Expansion:       cfg.Expansion,
 			PageBytes:       int(cfg.PageBytes),
+			Window:          cfg.Window,
+			Generations:     cfg.WindowGenerations,
 		},
 	}, nil
 }
@@ -170,6 +175,9 @@ func delivery(cfg config.Config) consumer.Delivery {
 
 func httpHandler(reg *prometheus.Registry, ready func() bool) http.Handler {
 	mux := http.NewServeMux()
+	if os.Getenv("XX_PPROF") != "" {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
