@@ -71,6 +71,18 @@ type Options struct {
 	// By default its filter is rebuilt by replaying the input from the
 	// earliest retained offset up to the group's offset, forwarding nothing.
 	RebuildEmpty bool
+	// Window and WindowGenerations, when set, make a rebuild replay from
+	// the start of the dedup window (dedup.Options.Filter.Window and
+	// Generations) instead of the earliest retained offset (see
+	// windowStart). Set them only when the filter's state at any offset
+	// depends on the window before it alone: with dedup.Options.Refresh and
+	// MaxOccurrences 1, where a key is remembered iff one of its records
+	// lies in a live generation. Without refresh a key is forwarded again a
+	// window after its last forwarded record, which depends on records
+	// further back (a chain of forwards), and with a higher limit the count
+	// of copies does too; a rebuild from the window start would differ.
+	Window            time.Duration
+	WindowGenerations int
 	// FlushInterval is the longest time between write batches of a
 	// partition, and the group commit interval (default 1s). It bounds what a
 	// crash can forward twice at least once, and what recovery replays.
@@ -413,8 +425,8 @@ func (w *Worker) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 //     an exactly-once crash after the Kafka commit): replay the gap into
 //     the filter without forwarding, then resume;
 //   - no local state and a committed offset: rebuild by replaying from the
-//     earliest retained offset, or with RebuildEmpty start empty at the
-//     group's offset.
+//     earliest retained offset (with a window, from the window's start, see
+//     windowStart), or with RebuildEmpty start empty at the group's offset.
 //
 // A replay that starts before the earliest retained offset is partial: it
 // starts there, logs the offsets lost and counts a partial rebuild.
@@ -444,7 +456,10 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 				w.log.Info("no local state: starting with an empty filter (KDEDUP_REBUILD=empty)", "topic", topic, "partition", p, "group_offset", group)
 				continue
 			default:
-				from = 0
+				var err error
+				if from, err = w.windowStart(ctx, topic, p, group); err != nil {
+					return nil, err
+				}
 			}
 			if starts == nil {
 				var err error
@@ -466,6 +481,82 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 		}
 	}
 	return offsets, nil
+}
+
+// windowStart is where a rebuild of topic/partition up to offset group
+// starts: 0 without a window; with one, the first offset whose timestamp
+// is at or after the start of the generation before the oldest one live at
+// the partition's watermark at group (the highest timestamp before group).
+// Records before it are in generations that a worker which had processed
+// the whole input would have dropped by group; the extra generation absorbs
+// timestamps up to a span out of order. Further out of order, a key first
+// seen before the start can be missed (and its next record forwarded).
+//
+// The watermark is found with timestamp lookups alone (ListOffsets by
+// timestamp, as kadm.ListOffsetsAfterMilli): "the first offset with a
+// timestamp at or after X is below group" holds exactly for X up to the
+// watermark, so a binary search over X finds it in about 40 lookups. When
+// a lookup fails the rebuild replays everything retained, which is correct,
+// only slower.
+func (w *Worker) windowStart(ctx context.Context, topic string, p int32, group int64) (int64, error) {
+	if w.opts.Window <= 0 || w.opts.WindowGenerations <= 0 {
+		return 0, nil
+	}
+	adm := kadm.NewClient(w.cl)
+	offsetAfter := func(millis int64) (int64, error) {
+		l, err := adm.ListOffsetsAfterMilli(ctx, millis, topic)
+		if err != nil {
+			return 0, err
+		}
+		o, found := l.Lookup(topic, p)
+		if !found {
+			return 0, fmt.Errorf("no offset listed for %s/%d", topic, p)
+		}
+		if o.Err != nil {
+			return 0, o.Err
+		}
+		return o.Offset, nil
+	}
+	before := func(millis int64) (bool, error) { // a record before group has a timestamp >= millis
+		o, err := offsetAfter(millis)
+		return o >= 0 && o < group, err
+	}
+	// The watermark lies in [lo, hi): lo qualifies, hi does not.
+	lo, hi := int64(-1), int64(1)
+	var err error
+	for ok := true; ok && err == nil && hi < 1<<50; hi *= 2 {
+		ok, err = before(hi)
+		if ok {
+			lo = hi
+		}
+	}
+	for err == nil && hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		var ok bool
+		if ok, err = before(mid); ok {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	if err != nil {
+		w.log.Info("cannot locate the dedup window in the input; rebuilding from the earliest retained offset", "topic", topic, "partition", p, "err", err)
+		return 0, nil
+	}
+	span := w.opts.Window.Milliseconds() / int64(w.opts.WindowGenerations)
+	gen := lo / span // lo >= -1: floor division only differs at -1
+	if lo < 0 {
+		gen = -1
+	}
+	startMillis := (gen - int64(w.opts.WindowGenerations) - 1) * span
+	from, err := offsetAfter(startMillis)
+	if err != nil || from < 0 {
+		w.log.Info("cannot locate the dedup window in the input; rebuilding from the earliest retained offset", "topic", topic, "partition", p, "err", err)
+		return 0, nil
+	}
+	w.log.Info("rebuilding from the start of the dedup window", "topic", topic, "partition", p, "from", from,
+		"watermark", time.UnixMilli(lo).UTC().Format(time.RFC3339Nano), "window_start", time.UnixMilli(startMillis).UTC().Format(time.RFC3339Nano), "group_offset", group)
+	return from, nil
 }
 
 // revoked finishes and commits the revoked partitions' write batches, then

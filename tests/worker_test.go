@@ -30,10 +30,11 @@ type pipeline struct {
 	in, out    string
 	group      string
 	partitions int32
-	delivery   string            // KDEDUP_DELIVERY, default at-least-once
-	maxOcc     int               // KDEDUP_MAX_OCCURRENCES, 0 for the default
-	dups       string            // KDEDUP_DUPLICATES_TOPIC, "" for none
-	extraEnv   map[string]string // overrides of env
+	delivery   string                 // KDEDUP_DELIVERY, default at-least-once
+	maxOcc     int                    // KDEDUP_MAX_OCCURRENCES, 0 for the default
+	dups       string                 // KDEDUP_DUPLICATES_TOPIC, "" for none
+	window     scenario.ExpectOptions // KDEDUP_WINDOW, _GENERATIONS, _REFRESH (only those fields)
+	extraEnv   map[string]string      // overrides of env
 }
 
 func newPipeline(t *testing.T, partitions int32) *pipeline {
@@ -82,6 +83,11 @@ func (p *pipeline) env(dataDir string) map[string]string {
 	}
 	if p.dups != "" {
 		env["KDEDUP_DUPLICATES_TOPIC"] = p.dups
+	}
+	if p.window.Window != 0 {
+		env["KDEDUP_WINDOW"] = p.window.Window.String()
+		env["KDEDUP_WINDOW_GENERATIONS"] = strconv.Itoa(p.window.Generations)
+		env["KDEDUP_WINDOW_REFRESH"] = strconv.FormatBool(p.window.Refresh)
 	}
 	for k, v := range p.extraEnv {
 		env[k] = v
@@ -328,7 +334,8 @@ func (p *pipeline) dropped(t *testing.T, recs []*kgo.Record) (want, got scenario
 
 // expect is the exact model of recs with the pipeline's settings.
 func (p *pipeline) expect(recs []*kgo.Record) (out, dropped scenario.Model) {
-	return scenario.ExpectWith(recs, scenario.ExpectOptions{MaxOccurrences: p.maxOcc})
+	return scenario.ExpectWith(recs, scenario.ExpectOptions{MaxOccurrences: p.maxOcc,
+		Window: p.window.Window, Generations: p.window.Generations, Refresh: p.window.Refresh})
 }
 
 // waitMembers waits until the group is stable with n members that each own

@@ -10,8 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
-	"os"
 	"strings"
 	"time"
 
@@ -63,19 +61,21 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	dm := dedup.NewMetrics(reg)
 	kp := kprom.NewMetrics("kdedup", kprom.Registerer(reg), kprom.Gatherer(reg))
 	w, err := consumer.New(consumer.Options{
-		Brokers:         cfg.Brokers,
-		InputTopics:     cfg.InputTopics,
-		OutputTopic:     cfg.OutputTopic,
-		DuplicatesTopic: cfg.DuplicatesTopic,
-		Group:           cfg.Group,
-		StartAtLatest:   cfg.StartOffset == "latest",
-		SessionTimeout:  cfg.SessionTimeout,
-		Delivery:        delivery(cfg),
-		TransactionalID: cfg.TransactionalID,
-		RebuildEmpty:    cfg.Rebuild == "empty",
-		FlushInterval:   cfg.FlushInterval,
-		FlushBytes:      int64(cfg.FlushBytes),
-		PageBytes:       int(cfg.PageBytes),
+		Brokers:           cfg.Brokers,
+		InputTopics:       cfg.InputTopics,
+		OutputTopic:       cfg.OutputTopic,
+		DuplicatesTopic:   cfg.DuplicatesTopic,
+		Group:             cfg.Group,
+		StartAtLatest:     cfg.StartOffset == "latest",
+		SessionTimeout:    cfg.SessionTimeout,
+		Delivery:          delivery(cfg),
+		TransactionalID:   cfg.TransactionalID,
+		RebuildEmpty:      cfg.Rebuild == "empty",
+		Window:            windowRebuild(cfg),
+		WindowGenerations: cfg.WindowGenerations,
+		FlushInterval:     cfg.FlushInterval,
+		FlushBytes:        int64(cfg.FlushBytes),
+		PageBytes:         int(cfg.PageBytes),
 		Open: func(topic string, partition int32) (*dedup.Partition, error) {
 			return dedup.Open(db, topic, partition, dopts, dm)
 		},
@@ -166,6 +166,16 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 	}, nil
 }
 
+// windowRebuild is the window a rebuild may start at (consumer.Options.Window):
+// only with refresh and a limit of 1 is the state a function of the window
+// alone; otherwise rebuilds replay everything retained.
+func windowRebuild(cfg config.Config) time.Duration {
+	if cfg.WindowRefresh && cfg.MaxOccurrences == 1 {
+		return cfg.Window
+	}
+	return 0
+}
+
 func delivery(cfg config.Config) consumer.Delivery {
 	if cfg.Delivery == "exactly-once" {
 		return consumer.ExactlyOnce
@@ -175,9 +185,6 @@ func delivery(cfg config.Config) consumer.Delivery {
 
 func httpHandler(reg *prometheus.Registry, ready func() bool) http.Handler {
 	mux := http.NewServeMux()
-	if os.Getenv("XX_PPROF") != "" {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

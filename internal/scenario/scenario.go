@@ -8,6 +8,7 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -159,6 +160,12 @@ type ExpectOptions struct {
 	// MaxOccurrences is how many records of a key are forwarded until its
 	// next tombstone (KDEDUP_MAX_OCCURRENCES; 0 means 1).
 	MaxOccurrences int
+	// Window, Generations and Refresh are the dedup window
+	// (KDEDUP_WINDOW, KDEDUP_WINDOW_GENERATIONS, KDEDUP_WINDOW_REFRESH; a
+	// zero Window remembers keys until their tombstone).
+	Window      time.Duration
+	Generations int
+	Refresh     bool
 }
 
 // Expect runs the exact deduplication model over produced records (Partition
@@ -184,6 +191,16 @@ const (
 // otherwise; a tombstone resets its key's count and is forwarded unless
 // o.DropTombstones; a record without a key is forwarded.
 //
+// With o.Window, time is the records' timestamps: generation k holds
+// timestamps [k*span, (k+1)*span), span = Window/Generations in whole
+// milliseconds; at watermark T (the highest timestamp of the partition so
+// far, every record counted) generations from floor(T/span)-Generations on
+// are live. Each forwarded record leaves one copy of its key in the
+// generation of its timestamp (the oldest live one for older records); the
+// count of a key is its copies in live generations; with o.Refresh a
+// dropped record moves its key's oldest copy to its own generation when
+// that is newer.
+//
 // out is what the output topic must hold. dropped is what the duplicates
 // topic (KDEDUP_DUPLICATES_TOPIC) must hold: each dropped record unchanged
 // but for two headers appended, kdedup-reason (ReasonDuplicate with a limit
@@ -198,11 +215,17 @@ func ExpectWith(recs []*kgo.Record, o ExpectOptions) (out, dropped Model) {
 	}
 	out = Model{PerKey: map[string][]string{}}
 	dropped = Model{PerKey: map[string][]string{}}
+	span := int64(0)
+	if o.Window > 0 {
+		span = o.Window.Milliseconds() / int64(o.Generations)
+	}
 	for _, rs := range byPartition(recs) {
-		count := map[string]int{}
+		w := windowModel{span: span, g: int64(o.Generations), watermark: math.MinInt64, copies: map[string][]int64{}}
 		for _, r := range rs {
 			out.Stats.Consumed++
 			k := string(r.Key)
+			ts := r.Timestamp.UnixMilli()
+			w.advance(ts)
 			switch {
 			case len(r.Key) == 0:
 				out.Stats.Unkeyed++
@@ -210,12 +233,15 @@ func ExpectWith(recs []*kgo.Record, o ExpectOptions) (out, dropped Model) {
 				out.Unkeyed = append(out.Unkeyed, Signature(r))
 			case r.Value == nil:
 				out.Stats.Deletes++
-				delete(count, k)
+				delete(w.copies, k)
 				if !o.DropTombstones {
 					out.Stats.Forwarded++
 					out.PerKey[k] = append(out.PerKey[k], Signature(r))
 				}
-			case count[k] >= limit:
+			case w.count(k) >= limit:
+				if o.Refresh {
+					w.refresh(k, ts)
+				}
 				if limit > 1 {
 					out.Stats.OverLimit++
 				} else {
@@ -224,7 +250,7 @@ func ExpectWith(recs []*kgo.Record, o ExpectOptions) (out, dropped Model) {
 				dropped.Stats.Forwarded++
 				dropped.PerKey[k] = append(dropped.PerKey[k], Signature(droppedRecord(r, reason)))
 			default:
-				count[k]++
+				w.add(k, ts)
 				out.Stats.Forwarded++
 				out.PerKey[k] = append(out.PerKey[k], Signature(r))
 			}
@@ -232,6 +258,58 @@ func ExpectWith(recs []*kgo.Record, o ExpectOptions) (out, dropped Model) {
 	}
 	sort.Strings(out.Unkeyed)
 	return out, dropped
+}
+
+// windowModel is the generations of each key's copies in one partition;
+// without a window every copy is in generation 0 and never expires.
+type windowModel struct {
+	span, g   int64
+	watermark int64
+	copies    map[string][]int64
+}
+
+func (w *windowModel) advance(ts int64) { w.watermark = max(w.watermark, ts) }
+
+func (w *windowModel) oldest() int64 {
+	if w.span == 0 {
+		return 0
+	}
+	return floorDiv(w.watermark, w.span) - w.g
+}
+
+func (w *windowModel) generation(ts int64) int64 {
+	if w.span == 0 {
+		return 0
+	}
+	return max(floorDiv(ts, w.span), w.oldest())
+}
+
+// count is the copies of k in live generations (expired ones are forgotten).
+func (w *windowModel) count(k string) int {
+	live := slices.DeleteFunc(w.copies[k], func(g int64) bool { return g < w.oldest() })
+	if len(live) == 0 {
+		delete(w.copies, k)
+		return 0
+	}
+	w.copies[k] = live
+	return len(live)
+}
+
+func (w *windowModel) add(k string, ts int64) { w.copies[k] = append(w.copies[k], w.generation(ts)) }
+
+func (w *windowModel) refresh(k string, ts int64) {
+	gens := w.copies[k]
+	if i := slices.Index(gens, slices.Min(gens)); gens[i] < w.generation(ts) {
+		gens[i] = w.generation(ts)
+	}
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
 }
 
 // droppedRecord is r as the duplicates topic holds it.
