@@ -58,6 +58,18 @@
 // sub-filter is about 2*b*load/2^f (paper section 5.1); the chain's is the sum
 // of its sub-filters' rates, see Stats.EstimatedFPR.
 //
+// # Generations
+//
+// With Params.Window the chain forgets by record time: sub-filters belong to
+// generations of Window/Generations milliseconds of record timestamps, each
+// generation a chain of its own (its own capacity, expansion and width
+// budget, TargetFPR/(Generations+1) since that many can be live at once). A
+// key goes to the generation of its record's timestamp; Advance moves the
+// watermark (the highest timestamp seen) and drops every generation that
+// ended a window before it, handing its sub-filters to Pager.Drop. Lookups,
+// counts and deletes cover every live generation. Sub-filter IDs are never
+// reused, so a store can delete a dropped sub-filter's pages lazily.
+//
 // An Overlay stages a chain's page changes over another Pager until they are
 // committed or discarded (exactly-once delivery rewinds aborted
 // transactions).
