@@ -178,6 +178,9 @@ func (c *Chain) Stats() Stats {
 // generation gen in c.subs (lo == hi, the insertion point, when it has
 // none).
 func (c *Chain) generation(gen int64) (lo, hi int) {
+	if c.span == 0 {
+		return 0, len(c.subs) // one generation
+	}
 	lo = sort.Search(len(c.subs), func(i int) bool { return c.subs[i].Generation >= gen })
 	hi = lo
 	for hi < len(c.subs) && c.subs[hi].Generation == gen {
@@ -334,10 +337,53 @@ func set(pg []byte, off, f int, fp uint32) {
 	}
 }
 
+// bucketBits holds the bits of one bucket in registers: the 128 bits of the
+// page from the byte holding the bucket's first bit, so that its slots are
+// extracted with shifts instead of one memory load each. ok is false when
+// the bucket does not fit (more than 121 bits, as b=8 with f>15, or too
+// close to the end of the page); the slots are then read one by one.
+type bucketBits struct {
+	lo, hi uint64
+	sh     int
+	ok     bool
+}
+
+func loadBucket(pg []byte, off, bucketLen int) bucketBits {
+	i, sh := off>>3, off&7
+	if sh+bucketLen > 128 || i+16 > len(pg) {
+		return bucketBits{}
+	}
+	return bucketBits{lo: binary.LittleEndian.Uint64(pg[i:]), hi: binary.LittleEndian.Uint64(pg[i+8:]), sh: sh, ok: true}
+}
+
+// slot returns slot k of f bits.
+func (w bucketBits) slot(k, f int) uint32 {
+	p := uint(w.sh + k*f)
+	var v uint64
+	switch {
+	case p >= 64:
+		v = w.hi >> (p - 64)
+	case p+uint(f) <= 64:
+		v = w.lo >> p
+	default:
+		v = w.lo>>p | w.hi<<(64-p)
+	}
+	return uint32(v) & fpMask(f)
+}
+
 // count returns how many f-bit slots of the bucket at bit offset b hold fp.
 func (c *Chain) count(pg []byte, b, f int, fp uint32) int {
 	n := 0
-	for k := 0; k < c.p.BucketSize; k++ {
+	bs := c.p.BucketSize
+	if w := loadBucket(pg, b, bs*f); w.ok {
+		for k := range bs {
+			if w.slot(k, f) == fp {
+				n++
+			}
+		}
+		return n
+	}
+	for k := range bs {
 		if get(pg, b+k*f, f) == fp {
 			n++
 		}
@@ -348,7 +394,16 @@ func (c *Chain) count(pg []byte, b, f int, fp uint32) int {
 // find returns the bit offset of the first f-bit slot of bucket b holding
 // fp, or -1.
 func (c *Chain) find(pg []byte, b, f int, fp uint32) int {
-	for k := 0; k < c.p.BucketSize; k++ {
+	bs := c.p.BucketSize
+	if w := loadBucket(pg, b, bs*f); w.ok {
+		for k := range bs {
+			if w.slot(k, f) == fp {
+				return b + k*f
+			}
+		}
+		return -1
+	}
+	for k := range bs {
 		if off := b + k*f; get(pg, off, f) == fp {
 			return off
 		}
@@ -365,14 +420,8 @@ func (c *Chain) Contains(key []byte) (bool, error) {
 
 func (c *Chain) containsHash(h uint64) (bool, error) {
 	for s := len(c.subs) - 1; s >= 0; s-- {
-		pos := c.position(h, s)
-		pg, err := c.page(pos.id)
-		if err != nil {
-			return false, err
-		}
-		f := pos.sub.FingerprintBits
-		if c.find(pg, pos.b1, f, pos.fp) >= 0 || c.find(pg, pos.b2, f, pos.fp) >= 0 {
-			return true, nil
+		if found, err := c.lookup(h, s); err != nil || found {
+			return found, err
 		}
 	}
 	return false, nil
@@ -414,11 +463,48 @@ func (c *Chain) Insert(key []byte) (bool, error) {
 func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
 	c.Advance(ts)
 	h := xxhash.Sum64(key)
-	found, err := c.containsHash(h)
-	if err != nil || found {
+	gen := c.generationOf(ts)
+	_, hi := c.generation(gen)
+	// The sub-filter the key would go to is looked at last, so that its
+	// page, just read, takes the key without a second lookup.
+	target := hi - 1
+	if target < 0 || c.subs[target].Generation != gen {
+		target = -1
+	}
+	for s := len(c.subs) - 1; s >= 0; s-- {
+		if s == target {
+			continue
+		}
+		if found, err := c.lookup(h, s); err != nil || found {
+			return false, err
+		}
+	}
+	if target >= 0 {
+		pos := c.position(h, target)
+		pg, err := c.page(pos.id)
+		if err != nil {
+			return false, err
+		}
+		f := pos.sub.FingerprintBits
+		if c.find(pg, pos.b1, f, pos.fp) >= 0 || c.find(pg, pos.b2, f, pos.fp) >= 0 {
+			return false, nil
+		}
+		if c.placeIn(h, target, pos, pg) {
+			return true, nil
+		}
+	}
+	return true, c.grow(h, gen)
+}
+
+// lookup reports whether sub-filter s may hold h.
+func (c *Chain) lookup(h uint64, s int) (bool, error) {
+	pos := c.position(h, s)
+	pg, err := c.page(pos.id)
+	if err != nil {
 		return false, err
 	}
-	return true, c.addHash(h, c.generationOf(ts))
+	f := pos.sub.FingerprintBits
+	return c.find(pg, pos.b1, f, pos.fp) >= 0 || c.find(pg, pos.b2, f, pos.fp) >= 0, nil
 }
 
 // Add inserts a copy of key's fingerprint whether or not it is present
@@ -478,15 +564,21 @@ func (c *Chain) Refresh(key []byte, ts int64) (bool, error) {
 // addHash adds h's fingerprint to generation gen: to its newest sub-filter,
 // or to a new one when that is full or gen has none yet.
 func (c *Chain) addHash(h uint64, gen int64) error {
-	lo, hi := c.generation(gen)
-	if hi > lo {
+	if lo, hi := c.generation(gen); hi > lo {
 		ok, err := c.place(h, hi-1)
 		if err != nil || ok {
 			return err
 		}
-		if hi-lo == MaxSubFilters {
-			return fmt.Errorf("%w: %d sub-filters", ErrFull, MaxSubFilters)
-		}
+	}
+	return c.grow(h, gen)
+}
+
+// grow appends a sub-filter to generation gen (its first, or one Expansion
+// times the size of its newest, which could not take h) and places h there.
+func (c *Chain) grow(h uint64, gen int64) error {
+	lo, hi := c.generation(gen)
+	if hi-lo == MaxSubFilters {
+		return fmt.Errorf("%w: %d sub-filters", ErrFull, MaxSubFilters)
 	}
 	pages := c.p.firstPages()
 	if hi > lo {
@@ -510,12 +602,17 @@ func (c *Chain) place(h uint64, s int) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	return c.placeIn(h, s, pos, pg), nil
+}
+
+// placeIn is place on the page pg of pos, already read.
+func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
 	f := pos.sub.FingerprintBits
 	for _, b := range [2]int{pos.b1, pos.b2} {
 		if off := c.find(pg, b, f, 0); off >= 0 {
 			set(pg, off, f, pos.fp)
 			c.commitPlace(pos.id, pg, s)
-			return true, nil
+			return true
 		}
 	}
 
@@ -540,13 +637,13 @@ func (c *Chain) place(h uint64, s int) (bool, error) {
 		if off := c.find(pg, cur, f, 0); off >= 0 {
 			set(pg, off, f, fp)
 			c.commitPlace(pos.id, pg, s)
-			return true, nil
+			return true
 		}
 	}
 	for i := len(c.kicks) - 1; i >= 0; i-- {
 		set(pg, c.kicks[i].slot, f, c.kicks[i].old)
 	}
-	return false, nil
+	return false
 }
 
 func (c *Chain) commitPlace(id PageID, pg []byte, s int) {
