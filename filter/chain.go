@@ -485,15 +485,54 @@ func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		f := pos.sub.FingerprintBits
-		if c.find(pg, pos.b1, f, pos.fp) >= 0 || c.find(pg, pos.b2, f, pos.fp) >= 0 {
+		found, empty := c.probe(pg, pos)
+		if found {
 			return false, nil
+		}
+		if empty >= 0 {
+			set(pg, empty, pos.sub.FingerprintBits, pos.fp)
+			c.commitPlace(pos.id, pg, target)
+			return true, nil
 		}
 		if c.placeIn(h, target, pos, pg) {
 			return true, nil
 		}
 	}
 	return true, c.grow(h, gen)
+}
+
+// probe reads both buckets of pos once: found reports whether either holds
+// pos.fp, and empty is the bit offset of the first empty slot (the primary
+// bucket's first), or -1.
+func (c *Chain) probe(pg []byte, pos position) (found bool, empty int) {
+	f, bs := pos.sub.FingerprintBits, c.p.BucketSize
+	w1, w2 := loadBucket(pg, pos.b1, bs*f), loadBucket(pg, pos.b2, bs*f)
+	if !w1.ok || !w2.ok {
+		if c.find(pg, pos.b1, f, pos.fp) >= 0 || c.find(pg, pos.b2, f, pos.fp) >= 0 {
+			return true, -1
+		}
+		if empty = c.find(pg, pos.b1, f, 0); empty < 0 {
+			empty = c.find(pg, pos.b2, f, 0)
+		}
+		return false, empty
+	}
+	e1, e2 := -1, -1
+	for k := range bs {
+		s1, s2 := w1.slot(k, f), w2.slot(k, f)
+		if s1 == pos.fp || s2 == pos.fp {
+			return true, -1
+		}
+		if s1 == 0 && e1 < 0 {
+			e1 = pos.b1 + k*f
+		}
+		if s2 == 0 && e2 < 0 {
+			e2 = pos.b2 + k*f
+		}
+	}
+	if e1 >= 0 {
+		return false, e1
+	}
+	return false, e2
 }
 
 // lookup reports whether sub-filter s may hold h.
@@ -503,7 +542,18 @@ func (c *Chain) lookup(h uint64, s int) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	f := pos.sub.FingerprintBits
+	f, bs := pos.sub.FingerprintBits, c.p.BucketSize
+	// Both buckets are loaded before either is compared, so that their two
+	// cache misses overlap.
+	w1, w2 := loadBucket(pg, pos.b1, bs*f), loadBucket(pg, pos.b2, bs*f)
+	if w1.ok && w2.ok {
+		for k := range bs {
+			if w1.slot(k, f) == pos.fp || w2.slot(k, f) == pos.fp {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
 	return c.find(pg, pos.b1, f, pos.fp) >= 0 || c.find(pg, pos.b2, f, pos.fp) >= 0, nil
 }
 
