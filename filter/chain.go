@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/bits"
 	"slices"
 	"sort"
 
@@ -39,7 +38,7 @@ type SubFilter struct {
 	// epoch (or later ones, for records older than the window); without a
 	// window it is 0.
 	Generation int64
-	// Pages is the number of pages, a power of two.
+	// Pages is the number of pages, 1 to 2^20.
 	Pages uint64
 	// FingerprintBits is the fingerprint width f of this sub-filter.
 	FingerprintBits int
@@ -256,15 +255,16 @@ type position struct {
 	sub    *SubFilter
 }
 
-// position maps hash h into sub-filter s. The page is the low log2(Pages)
-// bits of h; the bucket inside the page comes from the remaining low 32
-// bits (multiply-shift into [0, bucketsPerPage)); the fingerprint from the
-// high 32 bits, so index and fingerprint never share bits.
+// position maps hash h into sub-filter s. The low 32 bits of h choose the
+// page and the bucket inside it by one multiply-shift (Lemire's fast range,
+// twice): x = lo32*Pages, the page is x>>32 and the bucket in the page is
+// (uint32(x)*bucketsPerPage)>>32, so any page count works and the two
+// indexes use the bits of the product's two halves. The fingerprint comes
+// from the high 32 bits, so index and fingerprint never share bits.
 func (c *Chain) position(h uint64, s int) position {
 	sf := &c.subs[s]
-	pageBits := uint(bits.TrailingZeros64(sf.Pages))
-	rest := uint64(uint32(h) >> pageBits) // 32-pageBits bits
-	local := (rest * sf.bucketsPerPage) >> (32 - pageBits)
+	x := uint64(uint32(h)) * sf.Pages
+	local := (x & 0xffffffff * sf.bucketsPerPage) >> 32
 	f := sf.FingerprintBits
 	fp := uint32(h>>32) & fpMask(f)
 	if fp == 0 {
@@ -272,7 +272,7 @@ func (c *Chain) position(h uint64, s int) position {
 	}
 	bb := c.p.BucketSize * f
 	return position{
-		id:  PageID{SubFilter: sf.ID, Page: uint32(h & (sf.Pages - 1))},
+		id:  PageID{SubFilter: sf.ID, Page: uint32(x >> 32)},
 		b1:  int(local) * bb,
 		b2:  int(altLocal(local, fp, sf.bucketsPerPage)) * bb,
 		fp:  fp,

@@ -15,12 +15,14 @@
 // independent bits (RedisBloom derives its 8-bit fingerprint as hash%255+1,
 // tying it to the index bits; this package does not).
 //
-// A sub-filter is a power-of-two number of pages of PageBytes bytes. A page
-// holds n = PageBytes*8/(b*f) buckets of b bit-packed f-bit slots: slot k of
-// bucket j occupies bits [(j*b+k)*f, (j*b+k+1)*f) of the page, little
-// endian. The page is the low log2(pages) bits of the hash; the bucket in
-// the page a multiply-shift of the next low bits into [0, n). A page that
-// was never written reads as all zeros (empty).
+// A sub-filter is any number P of pages (1 to 2^20) of PageBytes bytes, so
+// that Capacity is what the first sub-filter holds, not a power of two above
+// it. A page holds n = PageBytes*8/(b*f) buckets of b bit-packed f-bit
+// slots: slot k of bucket j occupies bits [(j*b+k)*f, (j*b+k+1)*f) of the
+// page, little endian. With x = lo32(hash)*P, the page is x>>32 and the
+// bucket in the page (lo32(x)*n)>>32 (Lemire's multiply-shift range
+// reduction, twice). A page that was never written reads as all zeros
+// (empty).
 //
 // The alternate bucket is computed inside the page (partial-key cuckoo
 // hashing, Fan et al. CoNEXT 2014 section 3.1, restricted to a page as the
@@ -52,7 +54,7 @@
 // # Chain
 //
 // When a walk fails the chain appends a sub-filter with Expansion times the
-// pages of the newest one (rounded up to a power of two) and inserts there,
+// pages of the newest one and inserts there,
 // as RedisBloom's scalable cuckoo filter does. Inserts go to the newest
 // sub-filter; lookups check newest first. The false-positive rate of one
 // sub-filter is about 2*b*load/2^f (paper section 5.1); the chain's is the sum

@@ -10,7 +10,7 @@ import (
 
 // FormatVersion is the version of the metadata and page format this package
 // writes. Open refuses any other.
-const FormatVersion = 3
+const FormatVersion = 4
 
 // HashXXH64 identifies xxhash64 as the key hash in the metadata. Changing
 // the hash is a format change.
@@ -152,7 +152,7 @@ func DecodeMeta(b []byte) (Meta, error) {
 		if inGen >= MaxSubFilters {
 			return Meta{}, fmt.Errorf("%w: generation %d has more than %d sub-filters", ErrCorrupt, s.Generation, MaxSubFilters)
 		}
-		if s.Pages == 0 || s.Pages > 1<<maxPageBits || s.Pages&(s.Pages-1) != 0 {
+		if s.Pages == 0 || s.Pages > 1<<maxPageBits {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d pages", ErrCorrupt, i, s.Pages)
 		}
 		if want := m.Params.SubFilterBits(inGen); s.FingerprintBits != want {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/bits"
 	"time"
 )
 
@@ -60,13 +59,13 @@ type Params struct {
 	// The paper's maximum load is 84% at b=2, 95% at b=4 and 98% at b=8.
 	BucketSize int
 	// Capacity is the number of keys the first sub-filter is sized for
-	// (default 1,000,000); its page count is rounded up to a power of two.
+	// (default 1,000,000); its page count is rounded up to whole pages.
 	Capacity uint64
 	// MaxKicks is the length limit of an eviction walk before the chain
 	// grows (default 500, as RedisBloom's MAXITERATIONS).
 	MaxKicks int
 	// Expansion is how many times more pages each new sub-filter has than
-	// the newest one (default 2; rounded up to a power of two; 1 keeps the
+	// the newest one (default 2; 1 keeps the
 	// size).
 	Expansion int
 	// PageBytes is the size of a page in bytes (default 4096): a power of
@@ -230,22 +229,15 @@ func (p Params) bucketsPerPage(f int) uint64 {
 }
 
 // firstPages is the page count of sub-filter 0: enough pages for Capacity
-// keys, rounded up to a power of two.
+// keys (any count; the page index is a multiply-shift, see Chain.position).
 func (p Params) firstPages() uint64 {
 	perPage := p.bucketsPerPage(p.SubFilterBits(0)) * uint64(p.BucketSize)
-	return nextPow2((p.Capacity + perPage - 1) / perPage)
+	return max(1, (p.Capacity+perPage-1)/perPage)
 }
 
 // nextPages is the page count of the sub-filter after one of n pages.
 func (p Params) nextPages(n uint64) uint64 {
-	return min(nextPow2(n*uint64(p.Expansion)), 1<<maxPageBits)
-}
-
-func nextPow2(n uint64) uint64 {
-	if n <= 1 {
-		return 1
-	}
-	return 1 << (64 - bits.LeadingZeros64(n-1))
+	return min(n*uint64(p.Expansion), 1<<maxPageBits)
 }
 
 // ExpectedFPR is the false-positive rate bound of one sub-filter with bucket
