@@ -63,9 +63,23 @@ const (
 	entryOverheadBytes = 12
 	// Badger's MemTableSize: its default, and the most Open raises it to.
 	// Badger allocates a memtable arena of about 1.3x this size and keeps up
-	// to NumMemtables (5) of them.
+	// to NumMemtables (numMemtables) of them.
 	minMemTableBytes = 64 << 20
 	maxMemTableBytes = 1 << 30
+
+	// numMemtables is Badger's NumMemtables: the memtable being written and
+	// one being flushed. Badger's default of 5 lets up to four full
+	// memtables (about 1.3x MemTableSize each) wait for level 0 when the
+	// flushes fall behind; with two, writes wait instead.
+	numMemtables = 2
+	// baseTableBytes is Badger's BaseTableSize (default 2 MiB). Badger
+	// builds every table in an allocator from a pool that keeps up to 8 of
+	// them at the size they grew to while the database is busy. A builder
+	// starts at 2 x BaseTableSize rounded up to a power of two and doubles,
+	// and a level-0 table is a whole memtable (64 to 73 MiB at the default
+	// FlushBytes): from 4 MiB it grows to 124 MiB (4+8+...+64), from 32 MiB
+	// to 96 MiB (32+64).
+	baseTableBytes = 16 << 20
 
 	blockCacheBytes = 8 << 20
 	gcInterval      = 5 * time.Minute
@@ -295,6 +309,8 @@ func openBadger(bopen func(badger.Options) (*badger.DB, error), opts Options, wh
 		WithCompression(options.None).
 		WithBlockCacheSize(blockCacheBytes).
 		WithMemTableSize(memTable).
+		WithNumMemtables(numMemtables).
+		WithBaseTableSize(baseTableBytes).
 		// Each key is written by one Partition only and Commit reads nothing,
 		// so there is nothing to conflict with.
 		WithDetectConflicts(false).
