@@ -305,13 +305,19 @@ func (p *Partition) count(d Decision) {
 	p.publish(false)
 }
 
-// publish adds the tally to the metrics, at once unless decisions are
-// staged, in which case CommitStaged publishes (force).
+// publishEvery is how many decisions the tally collects before publish
+// adds them to the metrics: a counter update per record costs more than
+// the rest of a duplicate decision.
+const publishEvery = 256
+
+// publish adds the tally to the metrics once it holds publishEvery
+// decisions, and always when force is set (Commit, Close). Staged decisions
+// are published only by CommitStaged (force).
 func (p *Partition) publish(force bool) {
-	if p.opts.Staged && !force {
+	if !force && (p.opts.Staged || p.tally.consumed+p.tally.replayed < publishEvery) {
 		return
 	}
-	// Called per record at least once: touch only the counters that moved.
+	// Touch only the counters that moved.
 	t, m := p.tally, p.m
 	for _, c := range [...]struct {
 		n int
@@ -424,6 +430,9 @@ func (p *Partition) Commit(cp store.Checkpoint) error {
 	if err != nil {
 		return fmt.Errorf("committing %s/%d at offset %d: %w", p.topic, p.partition, cp.Offset, err)
 	}
+	if !p.opts.Staged {
+		p.publish(true)
+	}
 	p.m.observe(p.chain.Stats())
 	return nil
 }
@@ -440,6 +449,9 @@ func (p *Partition) stable() []byte {
 // discarded (the next owner replays from the checkpoint); use Commit first
 // to keep them.
 func (p *Partition) Close() {
+	if !p.opts.Staged {
+		p.publish(true) // decisions that took effect, committed or not
+	}
 	p.state.Discard()
 	p.state.Close()
 	p.m.forget()

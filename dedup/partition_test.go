@@ -456,6 +456,13 @@ func TestMetrics(t *testing.T) {
 				d.expect(s.want, s.kind, s.key)
 			}
 			(&decider{t: t, p: p4}).expect(Forward, put, "a")
+			// Counters are published every 256 decisions and at each
+			// write batch.
+			for _, p := range []*Partition{p3, p4} {
+				if err := p.Commit(store.Checkpoint{Offset: int64(len(seq))}); err != nil {
+					t.Fatal(err)
+				}
+			}
 
 			for _, tc := range []struct {
 				name   string

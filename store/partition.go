@@ -223,6 +223,10 @@ func (p *Partition) MarkDirty(id filter.PageID, page []byte) {
 	if p.closed {
 		return
 	}
+	if _, ok := p.dirty[id]; ok {
+		p.dirty[id] = page
+		return // not in the cache since it became dirty
+	}
 	p.dirty[id] = page
 	// The cache holds clean pages only; this one no longer is.
 	p.db.cache.Remove(cacheKey{owner: p.owner, id: id})

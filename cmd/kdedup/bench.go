@@ -47,6 +47,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&o.bits, "fingerprint-bits", 0, "KDEDUP_FINGERPRINT_BITS of the worker (0: the default)")
 	fs.BoolVar(&o.process, "worker-process", false, "run the worker as a child process (kdedup run) and report its peak resident memory")
 	fs.StringVar(&o.cacheBytes, "cache-bytes", "", "KDEDUP_CACHE_BYTES of the worker (empty: the default)")
+	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile of this process to `file` while the (in-process) worker of the first round runs; the broker's work is in it too")
 	fs.StringVar(&o.heapProfile, "heap-profile", "", "write a heap profile of this process to `file` once the (in-process) worker has caught up; the broker's records are in it too")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -138,11 +139,11 @@ type runResult struct {
 }
 
 type benchOptions struct {
-	records, partitions, rounds, bits int
-	process                           bool
-	cacheBytes, heapProfile           string
-	brokers                           []string
-	adm                               *kadm.Client
+	records, partitions, rounds, bits   int
+	process                             bool
+	cacheBytes, heapProfile, cpuProfile string
+	brokers                             []string
+	adm                                 *kadm.Client
 }
 
 // produceBench writes o.records records of a generated stream (producer
@@ -215,6 +216,18 @@ func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io
 	go func() {
 		done <- app.Run(wctx, cfg, newLogger(os.Stderr, cfg.SlogLevel(), cfg.LogFormat), prometheus.NewRegistry(), func(a string) { addr <- a })
 	}()
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return runResult{}, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return runResult{}, err
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+		o.cpuProfile = "" // one round only
+	}
 	var readyAt time.Time
 	select {
 	case a := <-addr:
