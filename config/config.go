@@ -33,6 +33,7 @@ type Config struct {
 	OutputTopic       string        `env:"OUTPUT_TOPIC,required" doc:"Topic that receives the first record seen for each key"`
 	DuplicatesTopic   string        `env:"DUPLICATES_TOPIC" envDefault:"" doc:"Topic that receives every dropped record (duplicate or over MAX_OCCURRENCES) with headers kdedup-reason and kdedup-source, to audit false drops; not OUTPUT_TOPIC nor an input topic; empty disables it"`
 	Group             string        `env:"GROUP" envDefault:"kdedup" doc:"Consumer group; the workers of one group share the partitions of INPUT_TOPICS"`
+	InstanceID        string        `env:"INSTANCE_ID" envDefault:"" doc:"Static group membership (KIP-345): a member id unique in GROUP and stable across restarts, such as the pod name; a member restarting within SESSION_TIMEOUT gets its partitions, and their local state, back without a rebalance; letters, digits, '.', '_' and '-'; empty joins as a dynamic member"`
 	StartOffset       string        `env:"START_OFFSET" envDefault:"earliest" doc:"Where a partition with no committed offset in the group begins: earliest or latest"`
 	SessionTimeout    time.Duration `env:"SESSION_TIMEOUT" envDefault:"45s" doc:"Consumer group session timeout, 1s to 30m (brokers enforce group.min.session.timeout.ms, 6s by default); a worker silent this long loses its partitions to a rebalance"`
 	Delivery          string        `env:"DELIVERY" envDefault:"at-least-once" doc:"at-least-once (a crash may forward the records of one flush interval again) or exactly-once (Kafka transactions: output and input offsets commit atomically; read the output with isolation.level=read_committed)"`
@@ -45,6 +46,17 @@ type Config struct {
 	Window            time.Duration `env:"WINDOW" envDefault:"0s" doc:"How long a key is remembered, in record time (record timestamps, never the wall clock): at least WINDOW and at most WINDOW plus one generation span past its record's timestamp; 0 remembers keys until they are deleted"`
 	WindowGenerations int           `env:"WINDOW_GENERATIONS" envDefault:"8" doc:"Generations a WINDOW is cut into, 1 to 64: expiry drops a whole generation (WINDOW/WINDOW_GENERATIONS of record time) at once; more generations forget closer to WINDOW but cost about log2(WINDOW_GENERATIONS+1) fingerprint bits per key"`
 	WindowRefresh     bool          `env:"WINDOW_REFRESH" envDefault:"false" doc:"With WINDOW: true re-remembers a key each time one of its records is dropped, so a key keeps being dropped while it recurs at least once per WINDOW (sliding expiry); false forgets it WINDOW after the record that was forwarded"`
+
+	// Kafka security.
+	TLSEnabled       bool   `env:"TLS_ENABLED" envDefault:"false" doc:"Connect to the brokers over TLS: true or false"`
+	TLSCAFile        string `env:"TLS_CA_FILE" envDefault:"" doc:"PEM file of the certificate authorities that sign the brokers' certificates; empty trusts the system's"`
+	TLSCertFile      string `env:"TLS_CERT_FILE" envDefault:"" doc:"PEM client certificate for mutual TLS, with TLS_KEY_FILE"`
+	TLSKeyFile       string `env:"TLS_KEY_FILE" envDefault:"" doc:"PEM private key of TLS_CERT_FILE"`
+	TLSServerName    string `env:"TLS_SERVER_NAME" envDefault:"" doc:"Name the brokers' certificates must carry, when it is not the host name in BROKERS"`
+	SASLMechanism    string `env:"SASL_MECHANISM" envDefault:"" doc:"SASL authentication: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty disables SASL (PLAIN sends the password as is: use it with TLS)"`
+	SASLUsername     string `env:"SASL_USERNAME" envDefault:"" doc:"SASL user name, required with SASL_MECHANISM"`
+	SASLPassword     string `env:"SASL_PASSWORD" envDefault:"" secret:"true" doc:"SASL password; SASL_PASSWORD_FILE keeps it out of the environment; exactly one of the two with SASL_MECHANISM"`
+	SASLPasswordFile string `env:"SASL_PASSWORD_FILE,file" envDefault:"" secret:"true" doc:"Path of a file holding the SASL password (a mounted Secret), read at start-up; one trailing newline is ignored"`
 
 	// Cuckoo filter, per topic-partition.
 	TargetFPR       float64 `env:"TARGET_FPR" envDefault:"0.0001" doc:"False-positive rate (false drops) each partition's filter stays under as it grows: each new sub-filter gets half the remaining budget and one more fingerprint bit; between 0 and 1"`
@@ -138,7 +150,7 @@ func LoadFrom(environ map[string]string) (Config, error) {
 			if unparsed[p.Var] {
 				continue
 			}
-			if raw := environ[p.Var]; raw != "" {
+			if raw := environ[p.Var]; raw != "" && !hidden(p.Var, fields) {
 				p.Value = raw
 			}
 			problems = append(problems, p)
@@ -161,11 +173,29 @@ func parseProblem(err error, fields []field, environ map[string]string) (Problem
 	case env.ParseError:
 		for _, f := range fields {
 			if f.name == e.Name {
-				return Problem{Var: f.envVar, Value: environ[f.envVar], Reason: parseReason(e.Type, e.Err)}, true
+				v := environ[f.envVar]
+				if hidden(f.envVar, fields) {
+					v = hiddenValue
+				}
+				return Problem{Var: f.envVar, Value: v, Reason: parseReason(e.Type, e.Err)}, true
 			}
 		}
+	case env.LoadFileContentError:
+		return Problem{Var: e.Key, Value: e.Filename, Reason: "cannot read the file: " + e.Err.Error()}, true
 	}
 	return Problem{}, false
+}
+
+// hidden reports whether the value of variable name must not be printed: a
+// secret given in the variable itself (a secret read from a file shows the
+// file's path instead).
+func hidden(name string, fields []field) bool {
+	for _, f := range fields {
+		if f.envVar == name {
+			return f.secret && !f.file
+		}
+	}
+	return false
 }
 
 func parseReason(t reflect.Type, err error) string {
@@ -199,9 +229,10 @@ func parseReason(t reflect.Type, err error) string {
 // formatted from c.
 func (c Config) Validate() error {
 	fields := describeFields()
-	v := validator{vars: map[string]string{}}
+	v := validator{vars: map[string]string{}, secrets: map[string]bool{}}
 	for _, f := range fields {
 		v.vars[f.name] = f.envVar
+		v.secrets[f.name] = f.secret
 	}
 
 	// Kafka.
@@ -258,6 +289,12 @@ func (c Config) Validate() error {
 	if c.TransactionalID != "" && c.Delivery != "exactly-once" {
 		v.add("TransactionalID", c.TransactionalID, "is only used with KDEDUP_DELIVERY=exactly-once")
 	}
+	if c.InstanceID != "" {
+		if reason := topicProblem(c.InstanceID); reason != "" {
+			v.add("InstanceID", c.InstanceID, strings.Replace(reason, "topic", "instance id", 1))
+		}
+	}
+	c.validateSecurity(&v)
 	if c.SessionTimeout < minSessionTimeout || c.SessionTimeout > maxSessionTimeout {
 		v.add("SessionTimeout", c.SessionTimeout, fmt.Sprintf("must be from %s to %s", formatDuration(minSessionTimeout), formatDuration(maxSessionTimeout)))
 	}
@@ -352,8 +389,12 @@ func (c Config) Validate() error {
 
 type validator struct {
 	vars     map[string]string // Config field name to variable name
+	secrets  map[string]bool   // Config field names whose values are never printed
 	problems []Problem
 }
+
+// hiddenValue stands for the value of a secret variable in problems.
+const hiddenValue = "(hidden)"
 
 func (v *validator) add(fieldName string, value any, reason string) {
 	var s string
@@ -362,6 +403,9 @@ func (v *validator) add(fieldName string, value any, reason string) {
 		s = strings.Join(x, ",")
 	default:
 		s = fmt.Sprint(x)
+	}
+	if v.secrets[fieldName] && s != "" {
+		s = hiddenValue
 	}
 	v.problems = append(v.problems, Problem{Var: v.vars[fieldName], Value: s, Reason: reason})
 }
@@ -474,6 +518,65 @@ func (c Config) DeleteHeaderNameValue() (name, value string, ok bool) {
 	return name, value, true
 }
 
+// SASL mechanisms accepted in SASL_MECHANISM (matched case-insensitively).
+var saslMechanisms = []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
+
+func (c Config) validateSecurity(v *validator) {
+	if !c.TLSEnabled {
+		for field, value := range map[string]string{"TLSCAFile": c.TLSCAFile, "TLSCertFile": c.TLSCertFile, "TLSKeyFile": c.TLSKeyFile, "TLSServerName": c.TLSServerName} {
+			if value != "" {
+				v.add(field, value, "needs KDEDUP_TLS_ENABLED=true")
+			}
+		}
+	} else if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		if c.TLSCertFile == "" {
+			v.add("TLSCertFile", "", "required with KDEDUP_TLS_KEY_FILE: a client certificate needs its key and the key its certificate")
+		} else {
+			v.add("TLSKeyFile", "", "required with KDEDUP_TLS_CERT_FILE: a client certificate needs its key and the key its certificate")
+		}
+	}
+	switch {
+	case c.SASLMechanism == "":
+		for field, value := range map[string]string{"SASLUsername": c.SASLUsername, "SASLPassword": c.SASLPassword, "SASLPasswordFile": c.SASLPasswordFile} {
+			if value != "" {
+				v.add(field, value, "needs KDEDUP_SASL_MECHANISM")
+			}
+		}
+	case c.SASLMechanismName() == "":
+		v.add("SASLMechanism", c.SASLMechanism, "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
+	default:
+		if c.SASLUsername == "" {
+			v.add("SASLUsername", "", "required with KDEDUP_SASL_MECHANISM")
+		}
+		switch {
+		case c.SASLPassword == "" && c.SASLPasswordFile == "":
+			v.add("SASLPassword", "", "required with KDEDUP_SASL_MECHANISM, or KDEDUP_SASL_PASSWORD_FILE")
+		case c.SASLPassword != "" && c.SASLPasswordFile != "":
+			v.add("SASLPasswordFile", c.SASLPasswordFile, "set KDEDUP_SASL_PASSWORD or KDEDUP_SASL_PASSWORD_FILE, not both")
+		}
+	}
+}
+
+// SASLMechanismName is SASL_MECHANISM in upper case when it names a
+// mechanism kdedup supports, otherwise "".
+func (c Config) SASLMechanismName() string {
+	m := strings.ToUpper(c.SASLMechanism)
+	if slices.Contains(saslMechanisms, m) {
+		return m
+	}
+	return ""
+}
+
+// SASLSecret is the SASL password: SASL_PASSWORD, or the content of the file
+// SASL_PASSWORD_FILE names, without one trailing newline.
+func (c Config) SASLSecret() string {
+	if c.SASLPassword != "" {
+		return c.SASLPassword
+	}
+	p := strings.TrimSuffix(c.SASLPasswordFile, "\n")
+	return strings.TrimSuffix(p, "\r")
+}
+
 // SlogLevel is LOG_LEVEL as a slog.Level, matched case-insensitively;
 // slog.LevelInfo for a value Validate rejects.
 func (c Config) SlogLevel() slog.Level {
@@ -511,6 +614,8 @@ type field struct {
 	envVar   string // full variable name, with Prefix
 	def      string
 	required bool
+	secret   bool // never printed in problems
+	file     bool // the variable names a file whose content is the value
 	doc      string
 }
 
@@ -527,6 +632,8 @@ func describeFields() []field {
 			envVar:   Prefix + key,
 			def:      sf.Tag.Get("envDefault"),
 			required: slices.Contains(strings.Split(opts, ","), "required"),
+			secret:   sf.Tag.Get("secret") == "true",
+			file:     slices.Contains(strings.Split(opts, ","), "file"),
 			doc:      sf.Tag.Get("doc"),
 		})
 	}

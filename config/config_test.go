@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -146,6 +147,13 @@ func TestLoadValid(t *testing.T) {
 		}},
 		{"tombstones off", []string{"KDEDUP_FORWARD_TOMBSTONES", "false"}, func(c Config) bool { return !c.ForwardTombstones }},
 		{"max occurrences 2*b", []string{"KDEDUP_MAX_OCCURRENCES", "8"}, func(c Config) bool { return c.MaxOccurrences == 8 }},
+		{"instance id", []string{"KDEDUP_INSTANCE_ID", "kdedup-0"}, func(c Config) bool { return c.InstanceID == "kdedup-0" }},
+		{"tls", []string{"KDEDUP_TLS_ENABLED", "true", "KDEDUP_TLS_CA_FILE", "/ca.pem", "KDEDUP_TLS_CERT_FILE", "/c.pem", "KDEDUP_TLS_KEY_FILE", "/k.pem", "KDEDUP_TLS_SERVER_NAME", "kafka"}, func(c Config) bool {
+			return c.TLSEnabled && c.TLSCAFile == "/ca.pem" && c.TLSCertFile == "/c.pem" && c.TLSKeyFile == "/k.pem" && c.TLSServerName == "kafka"
+		}},
+		{"sasl scram, mechanism in lower case", []string{"KDEDUP_SASL_MECHANISM", "scram-sha-512", "KDEDUP_SASL_USERNAME", "u", "KDEDUP_SASL_PASSWORD", "p"}, func(c Config) bool {
+			return c.SASLMechanismName() == "SCRAM-SHA-512" && c.SASLUsername == "u" && c.SASLSecret() == "p"
+		}},
 		{"window", []string{"KDEDUP_WINDOW", "24h", "KDEDUP_WINDOW_GENERATIONS", "24", "KDEDUP_WINDOW_REFRESH", "true"}, func(c Config) bool {
 			return c.Window == 24*time.Hour && c.WindowGenerations == 24 && c.WindowRefresh
 		}},
@@ -253,6 +261,12 @@ func TestLoadRejects(t *testing.T) {
 		{"log level", "KDEDUP_LOG_LEVEL", "trace"},
 		{"log format", "KDEDUP_LOG_FORMAT", "logfmt"},
 		{"log format case", "KDEDUP_LOG_FORMAT", "JSON"},
+		{"instance id illegal", "KDEDUP_INSTANCE_ID", "pod 0"},
+		{"tls file without tls", "KDEDUP_TLS_CA_FILE", "/etc/ca.pem"},
+		{"tls server name without tls", "KDEDUP_TLS_SERVER_NAME", "kafka"},
+		{"sasl mechanism unknown", "KDEDUP_SASL_MECHANISM", "GSSAPI"},
+		{"sasl user without mechanism", "KDEDUP_SASL_USERNAME", "kdedup"},
+		{"sasl password file missing", "KDEDUP_SASL_PASSWORD_FILE", "/nonexistent/kdedup/password"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := LoadFrom(with(tc.env, tc.value))
@@ -585,5 +599,48 @@ func TestMaxOccurrencesMessage(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("LoadFrom(%v): %v; want a problem starting %q", tc.kv, err, tc.want)
 		}
+	}
+}
+
+// TestSASLSecrets: a password is never printed in a problem; one read from
+// a file loses one trailing newline, and a problem shows the file's path.
+func TestSASLSecrets(t *testing.T) {
+	dir := t.TempDir()
+	file := dir + "/password"
+	if err := os.WriteFile(file, []byte("s3cret pass\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadFrom(with("KDEDUP_SASL_MECHANISM", "PLAIN", "KDEDUP_SASL_USERNAME", "kdedup", "KDEDUP_SASL_PASSWORD_FILE", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.SASLSecret(); got != "s3cret pass" {
+		t.Fatalf("password from file %q, want %q", got, "s3cret pass")
+	}
+
+	for _, tc := range []struct {
+		env       []string
+		wantVar   string
+		wantValue string
+	}{
+		{[]string{"KDEDUP_SASL_PASSWORD", "hunter2"}, "KDEDUP_SASL_PASSWORD", "(hidden)"},
+		{[]string{"KDEDUP_SASL_MECHANISM", "PLAIN", "KDEDUP_SASL_USERNAME", "u", "KDEDUP_SASL_PASSWORD", "hunter2", "KDEDUP_SASL_PASSWORD_FILE", file}, "KDEDUP_SASL_PASSWORD_FILE", file},
+		{[]string{"KDEDUP_SASL_MECHANISM", "PLAIN", "KDEDUP_SASL_USERNAME", "u"}, "KDEDUP_SASL_PASSWORD", ""},
+		{[]string{"KDEDUP_SASL_MECHANISM", "PLAIN", "KDEDUP_SASL_PASSWORD", "hunter2"}, "KDEDUP_SASL_USERNAME", ""},
+		{[]string{"KDEDUP_TLS_ENABLED", "true", "KDEDUP_TLS_CERT_FILE", "/c.pem"}, "KDEDUP_TLS_KEY_FILE", ""},
+	} {
+		_, err := LoadFrom(with(tc.env...))
+		ps := problemsOf(t, err)
+		if len(ps) != 1 || ps[0].Var != tc.wantVar || ps[0].Value != tc.wantValue {
+			t.Errorf("%v: problems %v, want one for %s=%q", tc.env, ps, tc.wantVar, tc.wantValue)
+		}
+		if strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%v: the error shows the password: %v", tc.env, err)
+		}
+	}
+	// Validate on a hand-built Config hides it too.
+	c.SASLPassword = "hunter2"
+	if err := c.Validate(); err == nil || strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("Validate: %v", err)
 	}
 }

@@ -54,6 +54,13 @@ type Options struct {
 	DuplicatesTopic string
 	// Group is the consumer group id (default "kdedup").
 	Group string
+	// InstanceID, when set, makes the worker a static group member
+	// (KIP-345, group.instance.id): it does not leave the group when it
+	// stops, and a worker restarting with the same InstanceID within
+	// SessionTimeout gets its partitions back without a rebalance, so
+	// their local state is reused at once. Each member of the group needs
+	// its own (a pod name). Empty: a dynamic member that leaves on stop.
+	InstanceID string
 	// StartAtLatest makes a group with no committed offset begin at the end
 	// of each partition instead of the start (default: start, as Kafka
 	// Streams' auto.offset.reset=earliest).
@@ -268,6 +275,9 @@ func (w *Worker) connect() error {
 		kgo.DefaultProduceTopic(w.opts.OutputTopic),
 		kgo.WithLogger(kslog.New(w.log)),
 	}
+	if w.opts.InstanceID != "" {
+		opts = append(opts, kgo.InstanceID(w.opts.InstanceID))
+	}
 	if w.opts.Delivery == ExactlyOnce {
 		opts = append(opts,
 			kgo.TransactionalID(w.opts.TransactionalID),
@@ -379,7 +389,12 @@ func (w *Worker) shutdown() error {
 		}
 	}
 	w.cl.Close()
-	w.log.Info("left the group")
+	if w.opts.InstanceID != "" {
+		w.log.Info("closed; as a static member the worker stays in the group until the session timeout, so a restart with the same instance id resumes its partitions without a rebalance",
+			"instance_id", w.opts.InstanceID, "session_timeout", w.opts.SessionTimeout)
+	} else {
+		w.log.Info("left the group")
+	}
 
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -45,6 +45,7 @@ type broker struct {
 	addrs   []string
 	prefix  string         // prepended to topic and group names, unique per test
 	cluster *kfake.Cluster // the in-process broker; nil for a real one
+	conn    []kgo.Opt      // connection options (TLS, SASL) of every client
 }
 
 // fake returns the in-process kfake cluster, skipping the test (saying why)
@@ -92,7 +93,7 @@ func (b *broker) name(s string) string { return b.prefix + s }
 
 func (b *broker) client(t *testing.T, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.addrs...)}, opts...)...)
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(b.addrs...)}, b.conn...), opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

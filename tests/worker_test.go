@@ -310,7 +310,7 @@ func (p *pipeline) output(t *testing.T, recs []*kgo.Record) (want, got scenario.
 	if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
 		t.Fatal(err)
 	}
-	out, err := scenario.ReadAll(ctx, p.b.addrs, p.out)
+	out, err := scenario.ReadAll(ctx, p.b.addrs, p.out, p.b.conn...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +324,7 @@ func (p *pipeline) dropped(t *testing.T, recs []*kgo.Record) (want, got scenario
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	read, err := scenario.ReadAll(ctx, p.b.addrs, p.dups)
+	read, err := scenario.ReadAll(ctx, p.b.addrs, p.dups, p.b.conn...)
 	if err != nil {
 		t.Fatal(err)
 	}

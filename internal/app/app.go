@@ -38,6 +38,14 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	defer limitMemory(cfg, log)()
 
+	kafkaOpts, err := KafkaOpts(cfg)
+	if err != nil {
+		return err
+	}
+	if err := checkKafkaAccess(ctx, cfg, kafkaOpts); err != nil {
+		return err
+	}
+
 	db, err := store.Open(store.Options{
 		Dir:        cfg.DataDir,
 		PageBytes:  int(cfg.PageBytes),
@@ -67,6 +75,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		OutputTopic:       cfg.OutputTopic,
 		DuplicatesTopic:   cfg.DuplicatesTopic,
 		Group:             cfg.Group,
+		InstanceID:        cfg.InstanceID,
 		StartAtLatest:     cfg.StartOffset == "latest",
 		SessionTimeout:    cfg.SessionTimeout,
 		Delivery:          delivery(cfg),
@@ -83,7 +92,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		Forwards:   dopts.Forwards,
 		Logger:     log,
 		Registerer: reg,
-		ClientOpts: []kgo.Opt{kgo.WithHooks(kp)},
+		ClientOpts: append(kafkaOpts, kgo.WithHooks(kp)),
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)

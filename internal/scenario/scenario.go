@@ -479,9 +479,10 @@ const EndMarkerKey = "__kdedup_scenario_end__"
 // partition and reads until it has seen all of them: under transactions the
 // last offset of a partition is a commit marker that no consumer sees, so
 // end offsets alone cannot tell when the reading is done. Marker records
-// (earlier calls' too) are left out of the result.
-func ReadAll(ctx context.Context, brokers []string, topic string) ([]*kgo.Record, error) {
-	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+// (earlier calls' too) are left out of the result. conn are connection
+// options (TLS, SASL) for its clients.
+func ReadAll(ctx context.Context, brokers []string, topic string, conn ...kgo.Opt) ([]*kgo.Record, error) {
+	prod, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner())}, conn...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -501,8 +502,8 @@ func ReadAll(ctx context.Context, brokers []string, topic string) ([]*kgo.Record
 		return nil, fmt.Errorf("appending end markers to %s: %w", topic, err)
 	}
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted())}, conn...)...)
 	if err != nil {
 		return nil, err
 	}
