@@ -58,14 +58,6 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if o.records < 1 || o.partitions < 1 || o.rounds < 1 {
 		return fmt.Errorf("%w: -records, -partitions and -rounds must be at least 1", errUsage)
 	}
-	if _, set := os.LookupEnv("GOMEMLIMIT"); !set && !o.process {
-		// The in-process worker shares this heap with the broker's records:
-		// the soft memory limit the worker sets for itself (internal/app)
-		// would have the collector run without pause. The child process of
-		// -worker-process runs with it.
-		os.Setenv("GOMEMLIMIT", "off")
-	}
-
 	const in = "events"
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(o.partitions), in))
 	if err != nil {

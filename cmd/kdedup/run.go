@@ -37,5 +37,6 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log := newLogger(stderr, cfg.SlogLevel(), cfg.LogFormat)
 	log.Info("kdedup", "version", version())
+	app.SetMemoryLimit(cfg, log)
 	return app.Run(ctx, cfg, log, prometheus.NewRegistry(), nil)
 }

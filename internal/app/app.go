@@ -36,7 +36,6 @@ var ErrConfig = errors.New("invalid configuration")
 func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *prometheus.Registry, started func(httpAddr string)) error {
 	reg.MustRegister(badgerCollector())
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	defer limitMemory(cfg, log)()
 
 	kafkaOpts, err := KafkaOpts(cfg)
 	if err != nil {

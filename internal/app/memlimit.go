@@ -2,10 +2,8 @@ package app
 
 import (
 	"log/slog"
-	"math"
 	"os"
 	"runtime/debug"
-	"sync"
 
 	"github.com/kdedup/kdedup/config"
 )
@@ -20,47 +18,19 @@ import (
 // 10M keys").
 const memoryOverheadBytes = 640 << 20
 
-var memLimit struct {
-	sync.Mutex
-	workers int   // Runs holding a share of the limit
-	sum     int64 // their shares
-	prev    int64 // the limit before the first of them
-}
-
-// limitMemory sets the Go runtime's soft memory limit (debug.SetMemoryLimit)
-// to the page cache plus memoryOverheadBytes, so that the collector returns
-// Badger's discarded table buffers before the heap doubles. Workers running
-// in one process add up their shares; the limit in force before the first
-// of them is restored when the last one returns. A limit the user chose
-// (GOMEMLIMIT, even "off", or one set through runtime/debug) is left alone.
-// It returns the function that gives the share back.
-func limitMemory(cfg config.Config, log *slog.Logger) (release func()) {
+// SetMemoryLimit sets the Go runtime's soft memory limit
+// (debug.SetMemoryLimit) of a process that runs one worker to the page
+// cache plus memoryOverheadBytes, so that the collector returns Badger's
+// discarded table buffers before the heap doubles. A limit the user chose
+// with GOMEMLIMIT (even "off") is left alone. Call it from the process's
+// main, not where a worker shares its heap with other work (kdedup demo and
+// bench run a broker in the same process): there the limit would make the
+// collector run without pause.
+func SetMemoryLimit(cfg config.Config, log *slog.Logger) {
 	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
-		return func() {}
+		return
 	}
-	share := int64(cfg.CacheBytes) + memoryOverheadBytes
-	memLimit.Lock()
-	defer memLimit.Unlock()
-	if memLimit.workers == 0 {
-		prev := debug.SetMemoryLimit(-1)
-		if prev != math.MaxInt64 {
-			return func() {}
-		}
-		memLimit.prev = prev
-	}
-	memLimit.workers++
-	memLimit.sum += share
-	debug.SetMemoryLimit(memLimit.sum)
-	log.Debug("go soft memory limit", "bytes", memLimit.sum)
-	return func() {
-		memLimit.Lock()
-		defer memLimit.Unlock()
-		memLimit.workers--
-		memLimit.sum -= share
-		if memLimit.workers == 0 {
-			debug.SetMemoryLimit(memLimit.prev)
-			return
-		}
-		debug.SetMemoryLimit(memLimit.sum)
-	}
+	limit := int64(cfg.CacheBytes) + memoryOverheadBytes
+	debug.SetMemoryLimit(limit)
+	log.Debug("go soft memory limit", "bytes", limit)
 }
