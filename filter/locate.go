@@ -1,0 +1,38 @@
+package filter
+
+import "github.com/cespare/xxhash/v2"
+
+// Location is a sub-filter holding copies of a key's fingerprint.
+type Location struct {
+	SubFilter SubFilter
+	// Copies is the number of slots of the key's two candidate buckets in
+	// SubFilter that hold its fingerprint (1 or more).
+	Copies int
+}
+
+// Locate returns the sub-filters that hold a fingerprint matching key,
+// oldest first (the order of SubFilters), with the copies each holds: the
+// per-sub-filter breakdown of Count, whose total is the sum of Copies. A
+// match may be another key's fingerprint, with probability about
+// Stats().EstimatedFPR over the chain. Like Count it reads one page per
+// sub-filter and changes nothing; errors are the Pager's, wrapped.
+func (c *Chain) Locate(key []byte) ([]Location, error) {
+	h := xxhash.Sum64(key)
+	var locs []Location
+	for s := range c.subs {
+		pos := c.position(h, s)
+		pg, err := c.page(pos.id)
+		if err != nil {
+			return nil, err
+		}
+		f := pos.sub.FingerprintBits
+		n := c.count(pg, pos.b1, f, pos.fp)
+		if pos.b2 != pos.b1 {
+			n += c.count(pg, pos.b2, f, pos.fp)
+		}
+		if n > 0 {
+			locs = append(locs, Location{SubFilter: *pos.sub, Copies: n})
+		}
+	}
+	return locs, nil
+}
