@@ -5,7 +5,13 @@
 //	kdedup [run]    run the worker, configured by KDEDUP_* variables
 //	kdedup demo     run the worker against an in-process broker and check it
 //	kdedup bench    compare its records/s with a passthrough on that broker
+//	kdedup inspect  print the filter state of a stopped worker's data directory
+//	kdedup check    tell whether a dedup key would be dropped by that state
 //	kdedup version  print the version
+//
+// inspect and check open the data directory read-only (a running worker
+// holds it locked) and print a table or, with -json, a versioned JSON
+// document. check exits 0 whether the key is present or not.
 //
 // Exit codes: 0 success, 1 runtime failure, 2 bad configuration or usage.
 package main
@@ -53,6 +59,10 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return demoCmd(ctx, args, stdout, stderr)
 	case "bench":
 		return benchCmd(ctx, args, stdout, stderr)
+	case "inspect":
+		return inspectCmd(args, stdout, stderr)
+	case "check":
+		return checkCmd(args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "kdedup", version())
 		return nil
@@ -71,9 +81,14 @@ usage:
   kdedup [run]     run the worker (configured by KDEDUP_* environment variables)
   kdedup demo      run the worker against an in-process broker and check its output
   kdedup bench     compare the worker's records/s with a passthrough on an in-process broker
+  kdedup inspect [-data-dir DIR] [-json] [-topic T] [-partition P]
+                   print each topic-partition's checkpoint, filter parameters, watermark,
+                   sub-filters and totals from a stopped worker's data directory (read-only)
+  kdedup check KEY -topic T -partition P [-data-dir DIR] [-json]
+                   tell whether a record with dedup key KEY would be dropped (exit code 0 either way)
   kdedup version   print the version
 
-Configuration variables: kdedup run -h
+Configuration variables: kdedup run -h. Each command takes -h.
 `)
 }
 

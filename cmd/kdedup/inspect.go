@@ -1,0 +1,438 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/store"
+)
+
+// reportVersion is the "version" of the JSON documents inspect and check
+// print. It changes only when a field is removed, renamed or changes
+// meaning; new fields may be added under the same version.
+const reportVersion = 1
+
+// inspectCmd prints the filter state of every topic-partition in a data
+// directory, opened read-only: checkpoint, filter parameters, watermark,
+// every sub-filter and the partition's totals, as a table or as JSON. Every
+// figure is the filter's own: its metadata and filter.Chain.Stats.
+func inspectCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var sel stateFlags
+	sel.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON (the shape is documented in cmd/kdedup/inspect.go, inspectReport)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `usage: kdedup inspect [-data-dir DIR] [-json] [-topic T] [-partition P]
+
+Prints the dedup state of each topic-partition in DIR: checkpoint offset,
+filter parameters, watermark, every sub-filter (generation, pages, slots,
+fingerprint width, items, load factor, estimated false-positive rate,
+bytes) and the partition's totals. DIR is opened read-only; a running
+worker holds it locked: stop the worker, or inspect a copy or snapshot (a
+worker cannot start on DIR while inspect reads it).
+
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: inspect takes no arguments, got %q", errUsage, fs.Args())
+	}
+	db, err := openState(sel.dir, stderr)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	tps, err := db.Partitions()
+	if err != nil {
+		return err
+	}
+	rep := inspectReport{Version: reportVersion, DataDir: sel.dir, Partitions: []partitionReport{}}
+	for _, tp := range tps {
+		if !sel.matches(tp) {
+			continue
+		}
+		pr, ok, err := inspectPartition(db, tp)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			fmt.Fprintf(stderr, "kdedup inspect: %s has no committed write batch; skipped\n", tp)
+			continue
+		}
+		rep.Partitions = append(rep.Partitions, pr)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	writeInspectText(stdout, rep)
+	return nil
+}
+
+// inspectReport is the document `kdedup inspect -json` prints (version 1).
+// Every field is always present; fields documented as null are JSON null
+// when the state has no such value. Times are RFC 3339 in UTC with
+// milliseconds; record times are the records' timestamps, never the wall
+// clock.
+type inspectReport struct {
+	// Version is reportVersion.
+	Version int `json:"version"`
+	// DataDir is the directory inspected, as given.
+	DataDir string `json:"data_dir"`
+	// Partitions are the topic-partitions with committed state (after the
+	// -topic and -partition selection), sorted by topic and partition.
+	Partitions []partitionReport `json:"partitions"`
+}
+
+// partitionReport is one topic-partition's state as of its last committed
+// write batch.
+type partitionReport struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	// Checkpoint is the next input offset the state reflects.
+	Checkpoint checkpointReport `json:"checkpoint"`
+	// FormatVersion is the filter's metadata and page format version.
+	FormatVersion int          `json:"format_version"`
+	Params        paramsReport `json:"params"`
+	// WatermarkMillis is the highest record timestamp seen, in
+	// milliseconds since the Unix epoch; null without a window or before
+	// the first record. Watermark is the same time in RFC 3339.
+	WatermarkMillis *int64  `json:"watermark_ms"`
+	Watermark       *string `json:"watermark"`
+	// SubFilters are every sub-filter of the chain, by generation (oldest
+	// first), then by age within a generation (oldest first): the order
+	// of the chain metadata.
+	SubFilters []subFilterReport `json:"sub_filters"`
+	// Totals are filter.Chain.Stats.
+	Totals totalsReport `json:"totals"`
+}
+
+type checkpointReport struct {
+	// Offset is the next input offset: every record below it is in the
+	// filter, none at or above it.
+	Offset int64 `json:"offset"`
+	// LeaderEpoch is that of the record before Offset, -1 when unknown.
+	LeaderEpoch int32 `json:"leader_epoch"`
+}
+
+// paramsReport are the filter parameters stored with the state
+// (filter.Params, defaults applied); they are the KDEDUP_* values the
+// state was written with.
+type paramsReport struct {
+	// TargetFPR is KDEDUP_TARGET_FPR; 0 when FingerprintBits fixes the
+	// width.
+	TargetFPR float64 `json:"target_fpr"`
+	// FingerprintBits is KDEDUP_FINGERPRINT_BITS; 0 when widths derive
+	// from TargetFPR.
+	FingerprintBits int    `json:"fingerprint_bits"`
+	BucketSize      int    `json:"bucket_size"`
+	Capacity        uint64 `json:"capacity"`
+	MaxKicks        int    `json:"max_kicks"`
+	Expansion       int    `json:"expansion"`
+	PageBytes       int    `json:"page_bytes"`
+	// WindowMillis is KDEDUP_WINDOW in milliseconds, 0 without a window.
+	WindowMillis int64 `json:"window_ms"`
+	// Generations is KDEDUP_WINDOW_GENERATIONS, 0 without a window.
+	Generations int `json:"generations"`
+	// GenerationSpanMillis is the record time one generation covers
+	// (window/generations in whole milliseconds), 0 without a window.
+	GenerationSpanMillis int64 `json:"generation_span_ms"`
+}
+
+// subFilterReport is one sub-filter (filter.SubFilter).
+type subFilterReport struct {
+	ID         uint32 `json:"id"`
+	Generation int64  `json:"generation"`
+	// GenerationStart and GenerationEnd bound the record timestamps of the
+	// generation, [start, end); null without a window.
+	GenerationStart *string `json:"generation_start"`
+	GenerationEnd   *string `json:"generation_end"`
+	Pages           uint64  `json:"pages"`
+	Buckets         uint64  `json:"buckets"`
+	// Slots is the sub-filter's capacity in fingerprints.
+	Slots           uint64 `json:"slots"`
+	FingerprintBits int    `json:"fingerprint_bits"`
+	Items           uint64 `json:"items"`
+	// LoadFactor is Items/Slots.
+	LoadFactor float64 `json:"load_factor"`
+	// EstimatedFPR is filter.ExpectedFPR(bucket size, width, load): the
+	// sub-filter's share of the chain's estimated false-positive rate.
+	EstimatedFPR float64 `json:"estimated_fpr"`
+	// Bytes is Pages*PageBytes (pages never written take no disk space).
+	Bytes uint64 `json:"bytes"`
+}
+
+// totalsReport is filter.Stats of the chain.
+type totalsReport struct {
+	SubFilters            int     `json:"sub_filters"`
+	Generations           int     `json:"generations"`
+	Items                 uint64  `json:"items"`
+	Slots                 uint64  `json:"slots"`
+	LoadFactor            float64 `json:"load_factor"`
+	NewestLoadFactor      float64 `json:"newest_load_factor"`
+	EstimatedFPR          float64 `json:"estimated_fpr"`
+	Bytes                 uint64  `json:"bytes"`
+	NewestFingerprintBits int     `json:"newest_fingerprint_bits"`
+	NearFull              bool    `json:"near_full"`
+}
+
+// inspectPartition reads one topic-partition's committed state; ok is
+// false when it has none.
+func inspectPartition(db *store.DB, tp store.TopicPartition) (pr partitionReport, ok bool, err error) {
+	sp, chain, cp, meta, ok, err := openChain(db, tp)
+	if err != nil || !ok {
+		return partitionReport{}, ok, err
+	}
+	defer sp.Close()
+	p := meta.Params
+	span := spanMillis(p)
+	pr = partitionReport{
+		Topic:         tp.Topic,
+		Partition:     tp.Partition,
+		Checkpoint:    checkpointReport{Offset: cp.Offset, LeaderEpoch: cp.LeaderEpoch},
+		FormatVersion: meta.FormatVersion,
+		Params: paramsReport{
+			TargetFPR: p.TargetFPR, FingerprintBits: p.FingerprintBits, BucketSize: p.BucketSize,
+			Capacity: p.Capacity, MaxKicks: p.MaxKicks, Expansion: p.Expansion, PageBytes: p.PageBytes,
+			WindowMillis: p.Window.Milliseconds(), Generations: p.Generations, GenerationSpanMillis: span,
+		},
+		SubFilters: []subFilterReport{},
+	}
+	st := chain.Stats()
+	if st.Watermark != math.MinInt64 {
+		wm, s := st.Watermark, recordTime(st.Watermark)
+		pr.WatermarkMillis, pr.Watermark = &wm, &s
+	}
+	for _, sf := range chain.SubFilters() {
+		slots := sf.Slots(p.BucketSize)
+		load := float64(sf.Items) / float64(slots)
+		r := subFilterReport{
+			ID: sf.ID, Generation: sf.Generation, Pages: sf.Pages, Buckets: sf.Buckets(), Slots: slots,
+			FingerprintBits: sf.FingerprintBits, Items: sf.Items, LoadFactor: load,
+			EstimatedFPR: filter.ExpectedFPR(p.BucketSize, sf.FingerprintBits, load),
+			Bytes:        sf.Pages * uint64(p.PageBytes),
+		}
+		r.GenerationStart, r.GenerationEnd = generationBounds(sf.Generation, span)
+		pr.SubFilters = append(pr.SubFilters, r)
+	}
+	pr.Totals = totalsReport{
+		SubFilters: st.SubFilters, Generations: st.Generations, Items: st.Items, Slots: st.Slots,
+		LoadFactor: st.LoadFactor, NewestLoadFactor: st.NewestLoadFactor, EstimatedFPR: st.EstimatedFPR,
+		Bytes: st.Bytes, NewestFingerprintBits: st.NewestFingerprintBits, NearFull: st.NearFull,
+	}
+	return pr, true, nil
+}
+
+// writeInspectText prints rep for people: a few lines per topic-partition
+// and a table of its sub-filters.
+func writeInspectText(w io.Writer, rep inspectReport) {
+	if len(rep.Partitions) == 0 {
+		fmt.Fprintf(w, "no topic-partition with committed state in %s\n", rep.DataDir)
+		return
+	}
+	for i, pr := range rep.Partitions {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		p := pr.Params
+		fmt.Fprintf(w, "%s/%d: checkpoint offset %d (leader epoch %d)\n", pr.Topic, pr.Partition, pr.Checkpoint.Offset, pr.Checkpoint.LeaderEpoch)
+		width := fmt.Sprintf("target FPR %g (fingerprint widths derived from it)", p.TargetFPR)
+		if p.FingerprintBits != 0 {
+			width = fmt.Sprintf("fixed fingerprint width %d bits", p.FingerprintBits)
+		}
+		fmt.Fprintf(w, "  filter:    %s, bucket size %d, capacity %d, page bytes %d, expansion %d, max kicks %d, format version %d\n",
+			width, p.BucketSize, p.Capacity, p.PageBytes, p.Expansion, p.MaxKicks, pr.FormatVersion)
+		if p.WindowMillis != 0 {
+			fmt.Fprintf(w, "  window:    %s in %d generations of %s\n",
+				time.Duration(p.WindowMillis)*time.Millisecond, p.Generations, time.Duration(p.GenerationSpanMillis)*time.Millisecond)
+		} else {
+			fmt.Fprintln(w, "  window:    none (keys are remembered until deleted)")
+		}
+		if pr.Watermark != nil {
+			fmt.Fprintf(w, "  watermark: %s (record time)\n", *pr.Watermark)
+		} else {
+			fmt.Fprintln(w, "  watermark: none")
+		}
+		tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "\tgeneration\tspan (record time)\tsub-filter\tpages\tslots\tfp bits\titems\tload\test. FPR\tbytes\t")
+		for _, s := range pr.SubFilters {
+			span := "-"
+			if s.GenerationStart != nil {
+				span = *s.GenerationStart + " .. " + *s.GenerationEnd
+			}
+			fmt.Fprintf(tw, "\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%.4f\t%.3g\t%d\t\n",
+				s.Generation, span, s.ID, s.Pages, s.Slots, s.FingerprintBits, s.Items, s.LoadFactor, s.EstimatedFPR, s.Bytes)
+		}
+		tw.Flush()
+		t := pr.Totals
+		fmt.Fprintf(w, "  total:     %d items in %d slots, load %.4f, estimated FPR %.3g, %d bytes, %d sub-filters in %d %s, near full: %s\n",
+			t.Items, t.Slots, t.LoadFactor, t.EstimatedFPR, t.Bytes, t.SubFilters, t.Generations, plural(t.Generations, "generation", "generations"), yesNo(t.NearFull))
+	}
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// stateFlags select the state inspect and check read.
+type stateFlags struct {
+	dir       string
+	topic     string
+	partition int
+}
+
+func (s *stateFlags) register(fs *flag.FlagSet) {
+	dir := os.Getenv("KDEDUP_DATA_DIR")
+	if dir == "" {
+		dir = "./data"
+	}
+	fs.StringVar(&s.dir, "data-dir", dir, "data directory of a stopped worker (KDEDUP_DATA_DIR when set)")
+	fs.StringVar(&s.topic, "topic", "", "input topic (required by check; inspect: every topic when empty)")
+	fs.IntVar(&s.partition, "partition", -1, "input partition (required by check; inspect: every partition when -1)")
+}
+
+func (s *stateFlags) matches(tp store.TopicPartition) bool {
+	return (s.topic == "" || tp.Topic == s.topic) && (s.partition < 0 || tp.Partition == int32(s.partition))
+}
+
+// openState opens the worker state in dir read-only, with the page size
+// its filters were written with (the store needs it to read pages; every
+// partition of a directory shares it, as KDEDUP_PAGE_BYTES must not change).
+// A missing directory is a usage error; a directory a running worker holds
+// (store.ErrLocked) says what to do instead.
+func openState(dir string, stderr io.Writer) (*store.DB, error) {
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("%w: data directory %s does not exist (set -data-dir or KDEDUP_DATA_DIR)", errUsage, dir)
+	case err != nil:
+		return nil, fmt.Errorf("reading data directory %s: %w", dir, err)
+	case !fi.IsDir():
+		return nil, fmt.Errorf("%w: data directory %s is not a directory", errUsage, dir)
+	}
+	log := newLogger(stderr, slog.LevelWarn, "text")
+	open := func(pageBytes int) (*store.DB, error) {
+		// A small cache: inspect reads no page, check one per sub-filter.
+		db, err := store.Open(store.Options{Dir: dir, ReadOnly: true, PageBytes: pageBytes, CacheBytes: 1 << 20, Logger: log})
+		if errors.Is(err, store.ErrLocked) {
+			return nil, fmt.Errorf("data directory %s is locked by a running worker: stop the worker (kdedup run), or inspect a copy or snapshot of the directory: %w", dir, err)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("opening data directory %s read-only: %w", dir, err)
+		}
+		return db, nil
+	}
+	db, err := open(0)
+	if err != nil {
+		return nil, err
+	}
+	pageBytes, err := statePageBytes(db)
+	switch {
+	case err != nil:
+		db.Close()
+		return nil, err
+	case pageBytes == 0 || pageBytes == store.DefaultPageBytes:
+		return db, nil
+	}
+	if err := db.Close(); err != nil {
+		return nil, err
+	}
+	return open(pageBytes)
+}
+
+// statePageBytes returns the page size in the chain metadata of the first
+// topic-partition that has some, 0 when none has.
+func statePageBytes(db *store.DB) (int, error) {
+	tps, err := db.Partitions()
+	if err != nil {
+		return 0, err
+	}
+	for _, tp := range tps {
+		sp, err := db.Partition(tp.Topic, tp.Partition)
+		if err != nil {
+			return 0, err
+		}
+		meta := sp.Meta()
+		sp.Close()
+		if len(meta) == 0 {
+			continue
+		}
+		m, err := filter.DecodeMeta(meta)
+		if err != nil {
+			return 0, fmt.Errorf("decoding the filter metadata of %s: %w", tp, err)
+		}
+		return m.Params.PageBytes, nil
+	}
+	return 0, nil
+}
+
+// openChain opens the filter of tp as of its last committed write batch;
+// the caller closes sp once done with chain. ok is false (and sp nil) when
+// tp has no committed state.
+func openChain(db *store.DB, tp store.TopicPartition) (sp *store.Partition, chain *filter.Chain, cp store.Checkpoint, meta filter.Meta, ok bool, err error) {
+	if sp, err = db.Partition(tp.Topic, tp.Partition); err != nil {
+		return nil, nil, cp, meta, false, err
+	}
+	fail := func(err error) (*store.Partition, *filter.Chain, store.Checkpoint, filter.Meta, bool, error) {
+		sp.Close()
+		return nil, nil, cp, meta, false, err
+	}
+	if cp, ok = sp.Checkpoint(); !ok || len(sp.Meta()) == 0 {
+		return fail(nil)
+	}
+	if meta, err = filter.DecodeMeta(sp.Meta()); err != nil {
+		return fail(fmt.Errorf("decoding the filter metadata of %s: %w", tp, err))
+	}
+	// The stored parameters open the chain: they are what it was written with.
+	if chain, err = filter.Open(sp.Meta(), meta.Params, sp); err != nil {
+		return fail(fmt.Errorf("opening the filter of %s: %w", tp, err))
+	}
+	return sp, chain, cp, meta, true, nil
+}
+
+// spanMillis is the record time one generation covers, in milliseconds (0
+// without a window): Window/Generations in whole milliseconds, as
+// filter.Params documents.
+func spanMillis(p filter.Params) int64 {
+	if p.Window <= 0 || p.Generations <= 0 {
+		return 0
+	}
+	return p.Window.Milliseconds() / int64(p.Generations)
+}
+
+// generationBounds returns the record times generation gen covers,
+// [gen*span, (gen+1)*span) (filter.SubFilter.Generation), or nils without a
+// window.
+func generationBounds(gen, span int64) (start, end *string) {
+	if span == 0 {
+		return nil, nil
+	}
+	s, e := recordTime(gen*span), recordTime((gen+1)*span)
+	return &s, &e
+}
+
+// recordTime formats a record timestamp (ms since the Unix epoch) in RFC
+// 3339, UTC, with milliseconds.
+func recordTime(ms int64) string {
+	return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z07:00")
+}

@@ -1,0 +1,402 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/dedup"
+	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/store"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// testPageBytes is not the default, so that the commands must take the page
+// size from the state.
+const testPageBytes = 512
+
+// Two filters of one data directory: a fixed width that expands past its
+// first sub-filter, and a window over target-rate widths.
+var (
+	fixedParams  = filter.Params{FingerprintBits: 32, Capacity: 300, PageBytes: testPageBytes}
+	windowParams = filter.Params{TargetFPR: 1e-3, Capacity: 500, PageBytes: testPageBytes, Window: 8 * time.Second, Generations: 4}
+)
+
+// base is the timestamp of the first record of the test state.
+var base = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// partitionState is what buildState writes to one topic-partition: records
+// in offset order, and the exact set of keys it holds afterwards.
+type partitionState struct {
+	tp     store.TopicPartition
+	params filter.Params
+	maxOcc int
+	recs   []*kgo.Record
+	held   map[string]int // key -> copies, the exact model
+	epoch  int32
+}
+
+// testState returns the records of the test state: orders/0 has 1,000 keys
+// (some sent twice, 100 deleted) on fixedParams; orders/1 has 400 keys over
+// 10 s of record time on windowParams, 2 records each for keys kept with
+// up to 2 copies (MaxOccurrences 2).
+func testState() []*partitionState {
+	fixed := &partitionState{tp: store.TopicPartition{Topic: "orders", Partition: 0}, params: fixedParams, held: map[string]int{}, epoch: 3}
+	for i := range 1000 {
+		k := fmt.Sprintf("key-%04d", i)
+		fixed.recs = append(fixed.recs, &kgo.Record{Key: []byte(k), Value: []byte("v"), Timestamp: base})
+		if i%3 == 0 { // a retry: a duplicate
+			fixed.recs = append(fixed.recs, &kgo.Record{Key: []byte(k), Value: []byte("v"), Timestamp: base})
+		}
+		fixed.held[k] = 1
+	}
+	for i := 0; i < 1000; i += 10 {
+		k := fmt.Sprintf("key-%04d", i)
+		fixed.recs = append(fixed.recs, &kgo.Record{Key: []byte(k), Timestamp: base}) // tombstone
+		delete(fixed.held, k)
+	}
+
+	win := &partitionState{tp: store.TopicPartition{Topic: "orders", Partition: 1}, params: windowParams, maxOcc: 2, held: map[string]int{}, epoch: 7}
+	for i := range 400 {
+		k := fmt.Sprintf("w-%04d", i)
+		ts := base.Add(time.Duration(i) * 25 * time.Millisecond) // 10 s: 5 generations of 2 s, all live
+		win.recs = append(win.recs, &kgo.Record{Key: []byte(k), Value: []byte("v"), Timestamp: ts})
+		win.held[k] = 1
+		if i%2 == 0 {
+			win.recs = append(win.recs, &kgo.Record{Key: []byte(k), Value: []byte("v"), Timestamp: ts})
+			win.held[k] = 2
+		}
+	}
+	return []*partitionState{fixed, win}
+}
+
+// buildState decides states' records with the worker's own dedup.Partition
+// in a data directory and commits them, as a stopped worker leaves it.
+func buildState(t *testing.T, states []*partitionState) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "data")
+	db, err := store.Open(store.Options{Dir: dir, PageBytes: testPageBytes, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range states {
+		p, err := dedup.Open(db, s.tp.Topic, s.tp.Partition, dedup.Options{Filter: s.params, MaxOccurrences: s.maxOcc}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range s.recs {
+			if _, err := p.Decide(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.Commit(store.Checkpoint{Offset: int64(len(s.recs)), LeaderEpoch: s.epoch}); err != nil {
+			t.Fatal(err)
+		}
+		p.Close()
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// readChains opens dir read-only as the test's own reference and returns
+// each topic-partition's chain metadata and Stats.
+func readChains(t *testing.T, dir string) map[store.TopicPartition]struct {
+	meta  filter.Meta
+	stats filter.Stats
+} {
+	t.Helper()
+	db, err := store.Open(store.Options{Dir: dir, PageBytes: testPageBytes, ReadOnly: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tps, err := db.Partitions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[store.TopicPartition]struct {
+		meta  filter.Meta
+		stats filter.Stats
+	}{}
+	for _, tp := range tps {
+		sp, err := db.Partition(tp.Topic, tp.Partition)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := filter.DecodeMeta(sp.Meta())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := filter.Open(sp.Meta(), m.Params, sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[tp] = struct {
+			meta  filter.Meta
+			stats filter.Stats
+		}{m, c.Stats()}
+		sp.Close()
+	}
+	return out
+}
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := dispatch(t.Context(), args, &stdout, &stderr)
+	if stderr.Len() > 0 {
+		t.Logf("stderr of %q:\n%s", args, stderr.String())
+	}
+	return stdout.String(), err
+}
+
+// TestInspectJSON checks every figure of inspect -json against the state's
+// own metadata and Stats, and the items against the exact model.
+func TestInspectJSON(t *testing.T) {
+	states := testState()
+	dir := buildState(t, states)
+	ref := readChains(t, dir)
+	out, err := run(t, "inspect", "-json", "-data-dir", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep inspectReport
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rep); err != nil {
+		t.Fatalf("decoding %s: %v", out, err)
+	}
+	if rep.Version != 1 || rep.DataDir != dir || len(rep.Partitions) != len(states) {
+		t.Fatalf("report header: version %d, data_dir %q, %d partitions", rep.Version, rep.DataDir, len(rep.Partitions))
+	}
+	for i, s := range states {
+		pr := rep.Partitions[i]
+		want := ref[s.tp]
+		if pr.Topic != s.tp.Topic || pr.Partition != s.tp.Partition {
+			t.Fatalf("partition %d is %s/%d, want %s", i, pr.Topic, pr.Partition, s.tp)
+		}
+		checkPartitionReport(t, pr, s, want.meta, want.stats)
+	}
+	if !strings.Contains(out, `"watermark_ms": null`) || !strings.Contains(out, `"generation_start": null`) {
+		t.Errorf("the fixed filter's watermark and generation bounds are not null:\n%s", out)
+	}
+}
+
+func checkPartitionReport(t *testing.T, pr partitionReport, s *partitionState, meta filter.Meta, st filter.Stats) {
+	t.Helper()
+	if pr.Checkpoint != (checkpointReport{Offset: int64(len(s.recs)), LeaderEpoch: s.epoch}) {
+		t.Errorf("%s: checkpoint %+v, want offset %d epoch %d", s.tp, pr.Checkpoint, len(s.recs), s.epoch)
+	}
+	p := s.params.WithDefaults()
+	span := p.Window.Milliseconds() / int64(max(1, p.Generations))
+	wantParams := paramsReport{TargetFPR: p.TargetFPR, FingerprintBits: p.FingerprintBits, BucketSize: p.BucketSize,
+		Capacity: p.Capacity, MaxKicks: p.MaxKicks, Expansion: p.Expansion, PageBytes: p.PageBytes,
+		WindowMillis: p.Window.Milliseconds(), Generations: p.Generations, GenerationSpanMillis: span}
+	if pr.Params != wantParams || meta.Params != p || pr.FormatVersion != meta.FormatVersion {
+		t.Errorf("%s: params %+v (format %d), want %+v (stored %s, format %d)", s.tp, pr.Params, pr.FormatVersion, wantParams, meta.Params, meta.FormatVersion)
+	}
+	switch {
+	case st.Watermark == math.MinInt64 && (pr.WatermarkMillis != nil || pr.Watermark != nil):
+		t.Errorf("%s: watermark set without one in Stats", s.tp)
+	case st.Watermark != math.MinInt64 && (pr.WatermarkMillis == nil || *pr.WatermarkMillis != st.Watermark ||
+		*pr.Watermark != time.UnixMilli(st.Watermark).UTC().Format("2006-01-02T15:04:05.000Z07:00")):
+		t.Errorf("%s: watermark %v %v, want %d", s.tp, pr.WatermarkMillis, pr.Watermark, st.Watermark)
+	}
+	if len(pr.SubFilters) != len(meta.SubFilters) {
+		t.Fatalf("%s: %d sub-filters, metadata has %d", s.tp, len(pr.SubFilters), len(meta.SubFilters))
+	}
+	var items uint64
+	for i, sf := range meta.SubFilters {
+		got := pr.SubFilters[i]
+		slots := sf.Slots(p.BucketSize)
+		load := float64(sf.Items) / float64(slots)
+		want := subFilterReport{ID: sf.ID, Generation: sf.Generation, Pages: sf.Pages, Buckets: sf.Buckets(), Slots: slots,
+			FingerprintBits: sf.FingerprintBits, Items: sf.Items, LoadFactor: load,
+			EstimatedFPR: filter.ExpectedFPR(p.BucketSize, sf.FingerprintBits, load), Bytes: sf.Pages * uint64(p.PageBytes)}
+		gotBounds := [2]*string{got.GenerationStart, got.GenerationEnd}
+		got.GenerationStart, got.GenerationEnd = nil, nil
+		if got != want {
+			t.Errorf("%s sub-filter %d:\n got %+v\nwant %+v", s.tp, i, got, want)
+		}
+		if span == 0 {
+			if gotBounds[0] != nil || gotBounds[1] != nil {
+				t.Errorf("%s sub-filter %d: generation bounds without a window", s.tp, i)
+			}
+		} else {
+			start := time.UnixMilli(sf.Generation * span).UTC() // filter.SubFilter.Generation
+			if gotBounds[0] == nil || *gotBounds[0] != start.Format("2006-01-02T15:04:05.000Z07:00") ||
+				*gotBounds[1] != start.Add(time.Duration(span)*time.Millisecond).Format("2006-01-02T15:04:05.000Z07:00") {
+				t.Errorf("%s sub-filter %d (generation %d): bounds %v %v, want from %s", s.tp, i, sf.Generation, *gotBounds[0], *gotBounds[1], start)
+			}
+		}
+		items += sf.Items
+	}
+	wantTotals := totalsReport{SubFilters: st.SubFilters, Generations: st.Generations, Items: st.Items, Slots: st.Slots,
+		LoadFactor: st.LoadFactor, NewestLoadFactor: st.NewestLoadFactor, EstimatedFPR: st.EstimatedFPR, Bytes: st.Bytes,
+		NewestFingerprintBits: st.NewestFingerprintBits, NearFull: st.NearFull}
+	if pr.Totals != wantTotals {
+		t.Errorf("%s: totals\n got %+v\nwant %+v", s.tp, pr.Totals, wantTotals)
+	}
+	modelItems := 0
+	for _, n := range s.held {
+		modelItems += n
+	}
+	if pr.Totals.Items != uint64(modelItems) || items != uint64(modelItems) {
+		t.Errorf("%s: %d items (sub-filters sum to %d), the exact model holds %d", s.tp, pr.Totals.Items, items, modelItems)
+	}
+}
+
+// TestInspectFixtureShape: the fixture does what the tests rely on.
+func TestInspectFixtureShape(t *testing.T) {
+	ref := readChains(t, buildState(t, testState()))
+	if st := ref[store.TopicPartition{Topic: "orders", Partition: 0}].stats; st.SubFilters < 2 {
+		t.Errorf("orders/0 has %d sub-filters, want an expanded chain", st.SubFilters)
+	}
+	if st := ref[store.TopicPartition{Topic: "orders", Partition: 1}].stats; st.Generations != 5 {
+		t.Errorf("orders/1 has %d generations, want 5", st.Generations)
+	}
+}
+
+// TestInspectText checks that the table carries the same figures.
+func TestInspectText(t *testing.T) {
+	states := testState()
+	dir := buildState(t, states)
+	ref := readChains(t, dir)
+	out, err := run(t, "inspect", "-data-dir", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := strings.Split(out, "\n\n")
+	if len(sections) != len(states) {
+		t.Fatalf("%d sections, want %d:\n%s", len(sections), len(states), out)
+	}
+	for i, s := range states {
+		sec := sections[i]
+		meta, st := ref[s.tp].meta, ref[s.tp].stats
+		p := meta.Params
+		want := []string{
+			fmt.Sprintf("%s: checkpoint offset %d (leader epoch %d)", s.tp, len(s.recs), s.epoch),
+			fmt.Sprintf("bucket size %d, capacity %d, page bytes %d, expansion %d, max kicks %d", p.BucketSize, p.Capacity, p.PageBytes, p.Expansion, p.MaxKicks),
+			fmt.Sprintf("total:     %d items in %d slots, load %.4f, estimated FPR %.3g, %d bytes, %d sub-filters in %d %s, near full: no",
+				st.Items, st.Slots, st.LoadFactor, st.EstimatedFPR, st.Bytes, st.SubFilters, st.Generations, plural(st.Generations, "generation", "generations")),
+		}
+		if p.FingerprintBits != 0 {
+			want = append(want, "fixed fingerprint width 32 bits", "window:    none", "watermark: none")
+		} else {
+			want = append(want, "target FPR 0.001", "window:    8s in 4 generations of 2s",
+				"watermark: "+time.UnixMilli(st.Watermark).UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+		}
+		lines := strings.Split(sec, "\n")
+		for _, sf := range meta.SubFilters {
+			slots := sf.Slots(p.BucketSize)
+			load := float64(sf.Items) / float64(slots)
+			row := strings.Fields(fmt.Sprintf("%d %d %d %d %d %.4f %.3g %d", sf.ID, sf.Pages, slots, sf.FingerprintBits, sf.Items, load,
+				filter.ExpectedFPR(p.BucketSize, sf.FingerprintBits, load), sf.Pages*uint64(p.PageBytes)))
+			found := false
+			for _, l := range lines {
+				f := strings.Fields(l)
+				if len(f) >= len(row) && strings.Join(f[len(f)-len(row):], " ") == strings.Join(row, " ") && f[0] == fmt.Sprint(sf.Generation) {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("%s: no row for sub-filter %d (%v):\n%s", s.tp, sf.ID, row, sec)
+			}
+		}
+		for _, w := range want {
+			if !strings.Contains(sec, w) {
+				t.Errorf("%s: section lacks %q:\n%s", s.tp, w, sec)
+			}
+		}
+	}
+}
+
+func TestInspectSelects(t *testing.T) {
+	dir := buildState(t, testState())
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-partition", "1"}, []string{"orders/1"}},
+		{[]string{"-topic", "orders"}, []string{"orders/0", "orders/1"}},
+		{[]string{"-topic", "other"}, nil},
+	} {
+		out, err := run(t, append([]string{"inspect", "-json", "-data-dir", dir}, tt.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep inspectReport
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, pr := range rep.Partitions {
+			got = append(got, fmt.Sprintf("%s/%d", pr.Topic, pr.Partition))
+		}
+		if strings.Join(got, ",") != strings.Join(tt.want, ",") {
+			t.Errorf("inspect %v: %v, want %v", tt.args, got, tt.want)
+		}
+		if tt.want == nil && rep.Partitions == nil {
+			t.Errorf("inspect %v: partitions is null, want []", tt.args)
+		}
+	}
+}
+
+// TestInspectRefuses: a missing directory is a usage error (exit code 2); a
+// directory a worker holds says to stop it or inspect a copy.
+func TestInspectRefuses(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope")
+	for _, cmd := range [][]string{{"inspect"}, {"check", "k", "-topic", "orders", "-partition", "0"}} {
+		if _, err := run(t, append(cmd, "-data-dir", missing)...); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "does not exist") {
+			t.Errorf("%s on a missing directory: %v, want a usage error saying it does not exist", cmd[0], err)
+		}
+	}
+
+	dir := buildState(t, testState())
+	db, err := store.Open(store.Options{Dir: dir, PageBytes: testPageBytes, Logger: quiet}) // as a running worker
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, cmd := range [][]string{{"inspect"}, {"check", "k", "-topic", "orders", "-partition", "0"}} {
+		_, err := run(t, append(cmd, "-data-dir", dir)...)
+		if !errors.Is(err, store.ErrLocked) || errors.Is(err, errUsage) || !strings.Contains(err.Error(), "stop the worker") || !strings.Contains(err.Error(), "copy or snapshot") {
+			t.Errorf("%s on a locked directory: %v", cmd[0], err)
+		}
+	}
+}
+
+func TestInspectUsage(t *testing.T) {
+	if _, err := run(t, "inspect", "extra"); !errors.Is(err, errUsage) {
+		t.Errorf("inspect with an argument: %v, want a usage error", err)
+	}
+	if _, err := run(t, "inspect", "-bogus"); !errors.Is(err, errUsage) {
+		t.Errorf("inspect -bogus: %v, want a usage error", err)
+	}
+	if _, err := run(t, "inspect", "-h"); err != nil {
+		t.Errorf("inspect -h: %v", err)
+	}
+}
+
+// TestInspectDefaultDataDir: without -data-dir, KDEDUP_DATA_DIR is read.
+func TestInspectDefaultDataDir(t *testing.T) {
+	dir := buildState(t, testState())
+	t.Setenv("KDEDUP_DATA_DIR", dir)
+	out, err := run(t, "inspect")
+	if err != nil || !strings.Contains(out, "orders/1: checkpoint") {
+		t.Fatalf("inspect with KDEDUP_DATA_DIR: %v\n%s", err, out)
+	}
+}
