@@ -31,6 +31,16 @@ type partition struct {
 	flushed    store.Checkpoint // checkpoint of the last write batch
 	lastFlush  time.Time
 
+	// Records decided or replayed: in all, as of the last committed
+	// transaction (exactly once) and as of the last write batch; their
+	// differences size write batches (metrics only).
+	decided, stableDecided, flushedDecided int64
+
+	// For the lag and replay metrics, read at scrape time: the high
+	// watermark of the latest fetch and the next offset to decide (-1:
+	// unknown), and the offsets left to replay.
+	highWatermark, nextOffset, replayLeft atomic.Int64
+
 	// Replay: records before replayUntil were forwarded by an earlier
 	// owner; they update the filter without being forwarded again.
 	replayUntil  int64
@@ -53,8 +63,11 @@ func newPartition(w *Worker, topic string, p int32, d *dedup.Partition) *partiti
 		done:      make(chan struct{}),
 		lastFlush: time.Now(),
 	}
+	pw.highWatermark.Store(-1)
+	pw.nextOffset.Store(-1)
 	if cp, ok := d.Checkpoint(); ok {
 		pw.next, pw.stableNext, pw.flushed = cp, cp, cp
+		pw.nextOffset.Store(cp.Offset)
 	}
 	return pw
 }
@@ -64,6 +77,7 @@ func newPartition(w *Worker, topic string, p int32, d *dedup.Partition) *partiti
 func (pw *partition) startReplay(from, until int64) {
 	pw.replayFrom, pw.replayUntil = from, until
 	pw.replayStart, pw.replayLogged = time.Now(), time.Now()
+	pw.replayLeft.Store(until - from)
 	pw.w.m.restoring.Inc()
 	pw.w.log.Info("replaying input into the filter, forwarding nothing", "topic", pw.topic, "partition", pw.partition, "from", from, "until", until)
 }
@@ -75,6 +89,7 @@ func (pw *partition) endReplay(completed bool) {
 		return
 	}
 	pw.w.m.restoring.Dec()
+	pw.replayLeft.Store(0)
 	if completed {
 		d := time.Since(pw.replayStart)
 		pw.w.m.replaySeconds.Observe(d.Seconds())
@@ -171,6 +186,7 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 			}
 		}
 		pw.next = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
+		pw.decided++
 		if pw.w.sess == nil && pw.d.DirtyBytes() >= pw.w.opts.FlushBytes {
 			pw.flush()
 			if pw.failed {
@@ -178,9 +194,11 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 			}
 		}
 	}
+	pw.nextOffset.Store(pw.next.Offset)
 }
 
 func (pw *partition) replayProgress(offset int64) {
+	pw.replayLeft.Store(max(0, pw.replayUntil-offset-1))
 	if offset+1 >= pw.replayUntil {
 		pw.endReplay(true)
 		return
@@ -260,9 +278,9 @@ func (pw *partition) produce(in, out *kgo.Record) {
 // belongs to a committed one.
 func (pw *partition) flush() {
 	pw.lastFlush = time.Now()
-	cp := pw.next
+	cp, decided := pw.next, pw.decided
 	if pw.w.sess != nil {
-		cp = pw.stableNext // never a checkpoint past the last committed transaction
+		cp, decided = pw.stableNext, pw.stableDecided // never a checkpoint past the last committed transaction
 	}
 	if pw.failed || cp == pw.flushed {
 		return
@@ -272,12 +290,16 @@ func (pw *partition) flush() {
 		pw.fail(*err)
 		return
 	}
+	dirty := pw.d.DirtyBytes()
 	if err := pw.d.Commit(cp); err != nil {
 		pw.fail(err)
 		return
 	}
 	pw.flushed = cp
 	pw.w.m.batches.Inc()
+	pw.w.m.batchRecords.Observe(float64(decided - pw.flushedDecided))
+	pw.w.m.batchBytes.Observe(float64(dirty))
+	pw.flushedDecided = decided
 	if pw.w.sess == nil {
 		pw.w.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{
 			pw.topic: {pw.partition: {Epoch: cp.LeaderEpoch, Offset: cp.Offset}},

@@ -45,6 +45,7 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 			return nil
 		}
 		w.logFetchErrors(fetches)
+		fetches.EachPartition(w.observeHighWatermark)
 		if fetches.NumRecords() > 0 {
 			if err := w.transact(ctx, fetches); err != nil {
 				if errors.Is(err, errPartitionFailed) {
@@ -118,11 +119,12 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	// must abort the transaction, or its offset would commit without it.
 	// The deadline only bounds a broker that stays unreachable; cancelling
 	// a transaction leaves the client unusable, so it stops the worker.
+	endStart := time.Now()
 	endCtx, cancel := context.WithTimeout(context.Background(), max(30*time.Second, 2*w.opts.SessionTimeout))
 	defer cancel()
 	if err := w.cl.Flush(endCtx); err != nil {
 		for _, pw := range touched {
-			pw.next = pw.stableNext
+			pw.next, pw.decided = pw.stableNext, pw.stableDecided
 			_ = pw.d.DiscardStaged() // the worker stops; what matters is that nothing staged is written
 		}
 		return fmt.Errorf("flushing the transaction's records: %w", err)
@@ -141,18 +143,21 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	outcome := "aborted"
 	if committed && endErr == nil {
 		outcome = "committed"
+		w.m.txnSeconds.Observe(time.Since(endStart).Seconds())
 	}
 	w.m.txns.WithLabelValues(outcome).Inc()
 	for _, pw := range touched {
 		var err error
 		if committed && endErr == nil {
-			pw.stableNext = pw.next
+			pw.stableNext, pw.stableDecided = pw.next, pw.decided
 			err = pw.d.CommitStaged()
 		} else {
-			pw.next = pw.stableNext
+			pw.next, pw.decided = pw.stableNext, pw.stableDecided
+			pw.nextOffset.Store(pw.next.Offset)
 			err = pw.d.DiscardStaged()
 			if pw.replayUntil > 0 && !pw.replaying() && pw.next.Offset < pw.replayUntil {
 				pw.replayStart = time.Now() // the rewind goes back into the replayed stretch
+				pw.replayLeft.Store(pw.replayUntil - pw.next.Offset)
 				pw.w.m.restoring.Inc()
 			}
 		}

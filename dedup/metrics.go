@@ -18,7 +18,7 @@ type Metrics struct {
 
 	commitSeconds prometheus.Histogram
 
-	load, newestLoad, subFilters, generations, watermark, items, fpr, bytes, bits, nearFull *prometheus.GaugeVec
+	load, newestLoad, subFilters, generations, watermark, items, fpr, targetFPR, bytes, bits, nearFull *prometheus.GaugeVec
 }
 
 // NewMetrics registers the metrics with reg (nil: not registered).
@@ -53,8 +53,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		watermark:   gauge("kdedup_filter_watermark_timestamp_seconds", "Highest record timestamp the partition's chain has seen, which drives window expiry (only with WINDOW set)."),
 		items:       gauge("kdedup_filter_items", "Fingerprints stored in the partition's chain."),
 		fpr:         gauge("kdedup_filter_estimated_fpr", "Estimated false-positive rate of the chain: the sum of 2*b*load/2^f over sub-filters."),
-		bytes:       gauge("kdedup_filter_bytes", "Size of the chain's pages."),
-		bits:        gauge("kdedup_filter_fingerprint_bits", "Fingerprint width of the newest sub-filter (widths grow by one bit per sub-filter to keep the target false-positive rate)."),
+		targetFPR:   gauge("kdedup_filter_target_fpr", "False-positive rate the chain is configured to stay under (TARGET_FPR); not exported when FINGERPRINT_BITS fixes the width instead."),
+		bytes:       gauge("kdedup_filter_bytes", "Size of the chain's pages, in bytes, allocated or not."),
+		bits:        gauge("kdedup_filter_fingerprint_width", "Fingerprint width in bits of the newest sub-filter (widths grow by one bit per sub-filter to keep the target false-positive rate)."),
 		nearFull:    gauge("kdedup_filter_near_full", "1 when the chain can add at most one more sub-filter before inserts fail or the target false-positive rate can no longer be kept."),
 	}
 }
@@ -67,8 +68,13 @@ type partitionMetrics struct {
 	commitSeconds                                                                                   prometheus.Observer
 }
 
-func (m *Metrics) forPartition(topic string, partition int32) partitionMetrics {
+// forPartition returns the metrics of topic/partition. targetFPR is the
+// chain's configured target (filter.Params.TargetFPR); 0 exports none.
+func (m *Metrics) forPartition(topic string, partition int32, targetFPR float64) partitionMetrics {
 	l := []string{topic, strconv.Itoa(int(partition))}
+	if targetFPR > 0 {
+		m.targetFPR.WithLabelValues(l...).Set(targetFPR)
+	}
 	return partitionMetrics{
 		m:              m,
 		labels:         l,
@@ -108,7 +114,7 @@ func (pm partitionMetrics) observe(s filter.Stats) {
 // forget drops the gauges of a partition this worker no longer owns;
 // counters stay so that rates survive a partition moving away and back.
 func (pm partitionMetrics) forget() {
-	for _, g := range []*prometheus.GaugeVec{pm.m.load, pm.m.newestLoad, pm.m.subFilters, pm.m.generations, pm.m.watermark, pm.m.items, pm.m.fpr, pm.m.bytes, pm.m.bits, pm.m.nearFull} {
+	for _, g := range []*prometheus.GaugeVec{pm.m.load, pm.m.newestLoad, pm.m.subFilters, pm.m.generations, pm.m.watermark, pm.m.items, pm.m.fpr, pm.m.targetFPR, pm.m.bytes, pm.m.bits, pm.m.nearFull} {
 		g.DeleteLabelValues(pm.labels...)
 	}
 }

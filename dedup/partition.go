@@ -175,7 +175,7 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	p := &Partition{topic: topic, partition: partition, opts: opts, state: st, chain: chain, m: m.forPartition(topic, partition),
+	p := &Partition{topic: topic, partition: partition, opts: opts, state: st, chain: chain, m: m.forPartition(topic, partition, chain.Params().TargetFPR),
 		overlay: overlay, stableMeta: chain.MarshalMeta()}
 	p.m.observe(chain.Stats())
 	return p, nil

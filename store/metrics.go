@@ -6,7 +6,8 @@ import (
 )
 
 // metrics are shared by every Partition of one DB. With a nil Registerer
-// they are created but not registered.
+// they are created but not registered; otherwise the Badger size and cache
+// metrics of db (collector) are registered with them.
 type metrics struct {
 	commitSeconds  prometheus.Histogram
 	commitBytes    prometheus.Counter
@@ -18,8 +19,11 @@ type metrics struct {
 	pagesReclaimed prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, db *DB) *metrics {
 	f := promauto.With(reg)
+	if reg != nil {
+		reg.MustRegister(newCollector(db))
+	}
 	return &metrics{
 		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "kdedup_store_commit_seconds",

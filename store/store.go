@@ -114,7 +114,8 @@ type Options struct {
 	// Badger's info messages are logged at debug level, its debug messages
 	// four levels below.
 	Logger *slog.Logger
-	// Registerer registers the kdedup_store_* metrics; nil registers none.
+	// Registerer registers the kdedup_store_* metrics and the Badger size
+	// and cache metrics (kdedup_badger_*); nil registers none.
 	Registerer prometheus.Registerer
 	// ReadOnly opens an existing store without writing to it (Commit
 	// returns ErrReadOnly). Read-only processes share the directory with each
@@ -293,7 +294,7 @@ func open(opts Options, tn tuning) (*DB, error) {
 		return nil, errors.Join(err, db.bdb.Close())
 	}
 	// Registered last, so that a failed Open leaves the registry as it was.
-	db.metrics = newMetrics(opts.Registerer)
+	db.metrics = newMetrics(opts.Registerer, db)
 	if !opts.InMemory && !opts.ReadOnly {
 		db.gcDone.Add(1)
 		go db.valueLogGC()

@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kprom"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/kdedup/kdedup/config"
@@ -34,7 +33,6 @@ var ErrConfig = errors.New("invalid configuration")
 // the worker fails, registering its metrics with reg. started, if not nil,
 // receives the HTTP address once listening.
 func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *prometheus.Registry, started func(httpAddr string)) error {
-	reg.MustRegister(badgerCollector())
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	kafkaOpts, err := KafkaOpts(cfg)
@@ -67,7 +65,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	dm := dedup.NewMetrics(reg)
-	kp := kprom.NewMetrics("kdedup", kprom.Registerer(reg), kprom.Gatherer(reg))
+	kp := clientMetrics(reg)
 	w, err := consumer.New(consumer.Options{
 		Brokers:           cfg.Brokers,
 		InputTopics:       cfg.InputTopics,
@@ -126,24 +124,6 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	err = g.Wait()
 	log.Info("stopped", "err", err)
 	return err
-}
-
-// badgerCollector bridges Badger's process-wide expvar counters (prefix
-// "badger_") into reg, renamed into the kdedup_badger_ namespace.
-func badgerCollector() prometheus.Collector {
-	desc := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc("kdedup_badger_"+name, help, labels, nil)
-	}
-	return collectors.NewExpvarCollector(map[string]*prometheus.Desc{
-		"badger_write_bytes_user":       desc("user_written_bytes_total", "Bytes of entries written by transactions (Badger expvar write_bytes_user)."),
-		"badger_write_bytes_l0":         desc("l0_written_bytes_total", "Bytes flushed from memtables to level 0."),
-		"badger_write_bytes_compaction": desc("compaction_written_bytes_total", "Bytes written by compactions, by level.", "level"),
-		"badger_read_bytes_lsm":         desc("lsm_read_bytes_total", "Bytes read from LSM tables."),
-		"badger_get_num_user":           desc("gets_total", "Point reads (page reads on cache misses)."),
-		"badger_put_num_user":           desc("puts_total", "Entries written (pages, metadata, checkpoints)."),
-		"badger_size_bytes_lsm":         desc("lsm_size_bytes", "Size of the LSM tables, by directory.", "dir"),
-		"badger_size_bytes_vlog":        desc("vlog_size_bytes", "Size of the value log, by directory.", "dir"),
-	})
 }
 
 // DedupOptions translates the configuration into the deduplicator's options.

@@ -1,0 +1,67 @@
+package store
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// collector reports the size and caches of the Badger database of one DB,
+// read from its handle at each scrape (Badger's own expvar counters are
+// process-wide; these are the DB's). After Close it reports nothing.
+type collector struct {
+	db *DB
+
+	lsmBytes, vlogBytes, levelBytes, levelTables *prometheus.Desc
+	cacheHits, cacheMisses, cacheEvictions       *prometheus.Desc
+}
+
+func newCollector(db *DB) *collector {
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("kdedup_badger_"+name, help, labels, nil)
+	}
+	return &collector{
+		db:          db,
+		lsmBytes:    desc("lsm_size_bytes", "Size of Badger's LSM tables on disk (as of Badger's last size scan, once a minute)."),
+		vlogBytes:   desc("vlog_size_bytes", "Size of Badger's value log on disk (as of Badger's last size scan, once a minute)."),
+		levelBytes:  desc("level_size_bytes", "Size of the tables of one LSM level.", "level"),
+		levelTables: desc("level_tables", "Tables in one LSM level.", "level"),
+		cacheHits:   desc("cache_hits_total", "Lookups served by a Badger cache (block: table blocks; index: table indexes, when enabled).", "cache"),
+		cacheMisses: desc("cache_misses_total", "Lookups a Badger cache could not serve.", "cache"),
+		cacheEvictions: desc("cache_evictions_total",
+			"Entries a Badger cache evicted to stay under its size.", "cache"),
+	}
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.lsmBytes, c.vlogBytes, c.levelBytes, c.levelTables, c.cacheHits, c.cacheMisses, c.cacheEvictions} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	if c.db.closed.Load() {
+		return
+	}
+	bdb := c.db.bdb
+	lsm, vlog := bdb.Size()
+	ch <- prometheus.MustNewConstMetric(c.lsmBytes, prometheus.GaugeValue, float64(lsm))
+	ch <- prometheus.MustNewConstMetric(c.vlogBytes, prometheus.GaugeValue, float64(vlog))
+	for _, l := range bdb.Levels() {
+		level := strconv.Itoa(l.Level)
+		ch <- prometheus.MustNewConstMetric(c.levelBytes, prometheus.GaugeValue, float64(l.Size), level)
+		ch <- prometheus.MustNewConstMetric(c.levelTables, prometheus.GaugeValue, float64(l.NumTables), level)
+	}
+	cache := func(name string, hits, misses, evictions uint64) {
+		ch <- prometheus.MustNewConstMetric(c.cacheHits, prometheus.CounterValue, float64(hits), name)
+		ch <- prometheus.MustNewConstMetric(c.cacheMisses, prometheus.CounterValue, float64(misses), name)
+		ch <- prometheus.MustNewConstMetric(c.cacheEvictions, prometheus.CounterValue, float64(evictions), name)
+	}
+	// nil: the cache is disabled (the index cache is, by default).
+	if m := bdb.BlockCacheMetrics(); m != nil {
+		cache("block", m.Hits(), m.Misses(), m.KeysEvicted())
+	}
+	if m := bdb.IndexCacheMetrics(); m != nil {
+		cache("index", m.Hits(), m.Misses(), m.KeysEvicted())
+	}
+}
