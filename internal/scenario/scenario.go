@@ -447,23 +447,26 @@ func WaitCaughtUp(ctx context.Context, adm *kadm.Client, group, topic string) er
 	if err != nil {
 		return fmt.Errorf("listing end offsets of %s: %w", topic, err)
 	}
+	var behind []string // partitions not caught up at the last look
 	for {
 		committed, err := adm.FetchOffsets(ctx, group)
 		if err == nil {
-			behind := false
+			behind = behind[:0]
 			ends.Each(func(e kadm.ListedOffset) {
 				c, ok := committed.Lookup(e.Topic, e.Partition)
-				if !ok || c.At < e.Offset {
-					behind = true
+				if !ok {
+					behind = append(behind, fmt.Sprintf("%d: nothing committed of %d", e.Partition, e.Offset))
+				} else if c.At < e.Offset {
+					behind = append(behind, fmt.Sprintf("%d: %d of %d", e.Partition, c.At, e.Offset))
 				}
 			})
-			if !behind {
+			if len(behind) == 0 {
 				return nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for group %s to commit the end of %s: %w", group, topic, ctx.Err())
+			return fmt.Errorf("waiting for group %s to commit the end of %s (behind: %s): %w", group, topic, strings.Join(behind, ", "), ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
