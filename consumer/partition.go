@@ -41,12 +41,12 @@ type partition struct {
 	// unknown), and the offsets left to replay.
 	highWatermark, nextOffset, replayLeft atomic.Int64
 
-	// Replay: records before replayUntil were forwarded by an earlier
+	// Replay: records before replay.until were forwarded by an earlier
 	// owner; they update the filter without being forwarded again.
-	replayUntil  int64
-	replayFrom   int64
-	replayStart  time.Time
-	replayLogged time.Time
+	// startReplay runs on the client's goroutine (adjustOffsets) while the
+	// partition's own goroutine may already be stopping, hence the lock.
+	replayMu sync.Mutex
+	replay   replayState
 
 	// At least once: forwarded records not yet acknowledged.
 	inflight sync.WaitGroup
@@ -72,30 +72,65 @@ func newPartition(w *Worker, topic string, p int32, d *dedup.Partition) *partiti
 	return pw
 }
 
+// replayState is a partition's replay: [from, until) state-only; start is
+// zero when no replay is running.
+type replayState struct {
+	from, until   int64
+	start, logged time.Time
+}
+
 // startReplay makes records [from, until) state-only. Called from
 // adjustOffsets before any record of the partition is fetched.
 func (pw *partition) startReplay(from, until int64) {
-	pw.replayFrom, pw.replayUntil = from, until
-	pw.replayStart, pw.replayLogged = time.Now(), time.Now()
+	pw.replayMu.Lock()
+	pw.replay = replayState{from: from, until: until, start: time.Now(), logged: time.Now()}
+	pw.replayMu.Unlock()
 	pw.replayLeft.Store(until - from)
 	pw.w.m.restoring.Inc()
 	pw.w.log.Info("replaying input into the filter, forwarding nothing", "topic", pw.topic, "partition", pw.partition, "from", from, "until", until)
 }
 
-func (pw *partition) replaying() bool { return !pw.replayStart.IsZero() }
+// replaySnapshot returns the replay as it stands.
+func (pw *partition) replaySnapshot() replayState {
+	pw.replayMu.Lock()
+	defer pw.replayMu.Unlock()
+	return pw.replay
+}
+
+func (pw *partition) replaying() bool { return !pw.replaySnapshot().start.IsZero() }
 
 func (pw *partition) endReplay(completed bool) {
-	if !pw.replaying() {
+	pw.replayMu.Lock()
+	r := pw.replay
+	pw.replay.start = time.Time{}
+	pw.replayMu.Unlock()
+	if r.start.IsZero() {
 		return
 	}
 	pw.w.m.restoring.Dec()
 	pw.replayLeft.Store(0)
 	if completed {
-		d := time.Since(pw.replayStart)
+		d := time.Since(r.start)
 		pw.w.m.replaySeconds.Observe(d.Seconds())
-		pw.w.log.Info("replay finished", "topic", pw.topic, "partition", pw.partition, "records", pw.replayUntil-pw.replayFrom, "duration", d.Round(time.Millisecond))
+		pw.w.log.Info("replay finished", "topic", pw.topic, "partition", pw.partition, "records", r.until-r.from, "duration", d.Round(time.Millisecond))
 	}
-	pw.replayStart = time.Time{}
+}
+
+// rewindIntoReplay restarts the replay after an aborted transaction
+// rewound the input to next, when next lies in the replayed stretch.
+func (pw *partition) rewindIntoReplay(next int64) {
+	pw.replayMu.Lock()
+	r := &pw.replay
+	restart := r.until > 0 && r.start.IsZero() && next < r.until
+	if restart {
+		r.start = time.Now()
+	}
+	until := r.until
+	pw.replayMu.Unlock()
+	if restart {
+		pw.replayLeft.Store(until - next)
+		pw.w.m.restoring.Inc()
+	}
 }
 
 func (pw *partition) stop(abort bool) {
@@ -160,16 +195,21 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 		return
 	}
 	forwards, dups := pw.w.opts.Forwards, pw.w.opts.DuplicatesTopic
+	replay := pw.replaySnapshot() // startReplay precedes the first fetch
+	replaying := !replay.start.IsZero()
 	for _, r := range recs {
-		if r.Offset < pw.replayUntil {
+		if r.Offset < replay.until {
 			if err := pw.d.Replay(r); err != nil {
 				pw.fail(err)
 				return
 			}
-			pw.replayProgress(r.Offset)
+			if pw.replayProgress(r.Offset, replay) {
+				replaying = false
+			}
 		} else {
-			if pw.replaying() {
+			if replaying {
 				pw.endReplay(true)
+				replaying = false
 			}
 			d, err := pw.d.Decide(r)
 			if err != nil {
@@ -197,17 +237,25 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 	pw.nextOffset.Store(pw.next.Offset)
 }
 
-func (pw *partition) replayProgress(offset int64) {
-	pw.replayLeft.Store(max(0, pw.replayUntil-offset-1))
-	if offset+1 >= pw.replayUntil {
+// replayProgress accounts for the replayed record at offset and reports
+// whether it ended the replay r.
+func (pw *partition) replayProgress(offset int64, r replayState) bool {
+	pw.replayLeft.Store(max(0, r.until-offset-1))
+	if offset+1 >= r.until {
 		pw.endReplay(true)
-		return
+		return true
 	}
-	if time.Since(pw.replayLogged) >= 5*time.Second {
-		pw.replayLogged = time.Now()
-		pw.w.log.Info("replaying", "topic", pw.topic, "partition", pw.partition, "offset", offset, "until", pw.replayUntil,
-			"done", fmt.Sprintf("%.1f%%", 100*float64(offset-pw.replayFrom)/float64(pw.replayUntil-pw.replayFrom)))
+	pw.replayMu.Lock()
+	logNow := time.Since(pw.replay.logged) >= 5*time.Second
+	if logNow {
+		pw.replay.logged = time.Now()
 	}
+	pw.replayMu.Unlock()
+	if logNow {
+		pw.w.log.Info("replaying", "topic", pw.topic, "partition", pw.partition, "offset", offset, "until", r.until,
+			"done", fmt.Sprintf("%.1f%%", 100*float64(offset-r.from)/float64(r.until-r.from)))
+	}
+	return false
 }
 
 // output is the record forwarded for r: key, value, headers and timestamp

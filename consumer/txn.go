@@ -155,11 +155,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 			pw.next, pw.decided = pw.stableNext, pw.stableDecided
 			pw.nextOffset.Store(pw.next.Offset)
 			err = pw.d.DiscardStaged()
-			if pw.replayUntil > 0 && !pw.replaying() && pw.next.Offset < pw.replayUntil {
-				pw.replayStart = time.Now() // the rewind goes back into the replayed stretch
-				pw.replayLeft.Store(pw.replayUntil - pw.next.Offset)
-				pw.w.m.restoring.Inc()
-			}
+			pw.rewindIntoReplay(pw.next.Offset) // the rewind may go back into the replayed stretch
 		}
 		if err != nil {
 			pw.fail(err)
