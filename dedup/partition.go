@@ -269,9 +269,11 @@ func (p *Partition) refresh(r *kgo.Record, key []byte, ts int64) error {
 // through later, it never drops one.
 func (p *Partition) deleteAll(key []byte) (int, error) {
 	// The slots of the key's two candidate buckets in every sub-filter of
-	// the longest chain: each Delete that finds a copy empties one of them,
-	// so the loop ends before this bound.
-	bound := 2 * p.chain.Params().BucketSize * max(1, p.chain.Stats().SubFilters)
+	// the longest chain (every live generation at its longest): each Delete
+	// that finds a copy empties one of them, so the loop ends before this
+	// bound. A constant, so that a delete does not compute the chain's
+	// statistics.
+	bound := 2 * p.chain.Params().BucketSize * filter.MaxSubFilters * (filter.MaxGenerations + 1)
 	n := 0
 	for n < bound {
 		found, err := p.chain.Delete(key)

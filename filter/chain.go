@@ -593,18 +593,11 @@ func (c *Chain) Refresh(key []byte, ts int64) (bool, error) {
 		if c.subs[s].Generation >= gen {
 			break
 		}
-		pos := c.position(h, s)
-		pg, err := c.page(pos.id)
+		removed, err := c.removeCopy(h, s)
 		if err != nil {
 			return false, err
 		}
-		f := pos.sub.FingerprintBits
-		off := c.find(pg, pos.b1, f, pos.fp)
-		if off < 0 {
-			off = c.find(pg, pos.b2, f, pos.fp)
-		}
-		if off >= 0 {
-			c.clearSlot(s, pos.id, pg, off)
+		if removed {
 			return true, c.addHash(h, gen)
 		}
 	}
@@ -709,31 +702,35 @@ func (c *Chain) commitPlace(id PageID, pg []byte, s int) {
 func (c *Chain) Delete(key []byte) (bool, error) {
 	h := xxhash.Sum64(key)
 	for s := len(c.subs) - 1; s >= 0; s-- {
-		pos := c.position(h, s)
-		pg, err := c.page(pos.id)
-		if err != nil {
-			return false, err
-		}
-		f := pos.sub.FingerprintBits
-		off := c.find(pg, pos.b1, f, pos.fp)
-		if off < 0 {
-			off = c.find(pg, pos.b2, f, pos.fp)
-		}
-		if off >= 0 {
-			c.clearSlot(s, pos.id, pg, off)
-			return true, nil
+		if removed, err := c.removeCopy(h, s); err != nil || removed {
+			return removed, err
 		}
 	}
 	return false, nil
 }
 
-// clearSlot empties the slot at bit offset off of page id of sub-filter s.
-func (c *Chain) clearSlot(s int, id PageID, pg []byte, off int) {
-	set(pg, off, c.subs[s].FingerprintBits, 0)
-	c.pager.MarkDirty(id, pg)
+// removeCopy empties one slot of sub-filter s holding h's fingerprint and
+// reports whether it found one.
+func (c *Chain) removeCopy(h uint64, s int) (bool, error) {
+	pos := c.position(h, s)
+	pg, err := c.page(pos.id)
+	if err != nil {
+		return false, err
+	}
+	f := pos.sub.FingerprintBits
+	off := c.find(pg, pos.b1, f, pos.fp)
+	if off < 0 {
+		off = c.find(pg, pos.b2, f, pos.fp)
+	}
+	if off < 0 {
+		return false, nil
+	}
+	set(pg, off, f, 0)
+	c.pager.MarkDirty(pos.id, pg)
 	if c.subs[s].Items > 0 { // a corrupt page can hold more than Items says
 		c.subs[s].Items--
 	}
+	return true, nil
 }
 
 // splitmix64 is the PRNG of eviction walks (Steele, Lea, Flood 2014); it is
