@@ -14,9 +14,12 @@ import (
 )
 
 // partition owns one assigned topic-partition. At least once it runs its own
-// goroutine (run); exactly once the transaction loop drives it.
+// goroutine (run); exactly once the transaction loop drives it. While it
+// replays, its restore goroutine alone touches the deduplicator: the group
+// client fetches nothing for it and flush skips it.
 type partition struct {
 	w         *Worker
+	cl        *kgo.Client // the group client it was assigned by
 	topic     string
 	partition int32
 	d         *dedup.Partition
@@ -41,22 +44,28 @@ type partition struct {
 	// unknown), and the offsets left to replay.
 	highWatermark, nextOffset, replayLeft atomic.Int64
 
-	// Replay: records before replay.until were forwarded by an earlier
-	// owner; they update the filter without being forwarded again.
-	// startReplay runs on the client's goroutine (adjustOffsets) while the
-	// partition's own goroutine may already be stopping, hence the lock.
-	replayMu sync.Mutex
-	replay   replayState
+	// Replay (restore.go): records [replay.from, replay.until) were
+	// forwarded by an earlier owner; a restore client replays them into the
+	// filter before the group client resumes the partition at until.
+	// startReplay runs on the client's goroutine (adjustOffsets); stop
+	// cancels the replay and waits for restoreDone.
+	replayMu      sync.Mutex
+	replay        replayState
+	planned       atomic.Bool // adjustOffsets has decided where it starts
+	restoring     atomic.Bool
+	restoreAbort  atomic.Bool // stop(abort): the replay commits nothing more
+	cancelRestore context.CancelFunc
+	restoreDone   chan struct{}
 
 	// At least once: forwarded records not yet acknowledged.
 	inflight sync.WaitGroup
 	prodErr  atomic.Pointer[error]
-	failed   bool
+	failed   atomic.Bool
 }
 
-func newPartition(w *Worker, topic string, p int32, d *dedup.Partition) *partition {
+func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Partition) *partition {
 	pw := &partition{
-		w: w, topic: topic, partition: p, d: d,
+		w: w, cl: cl, topic: topic, partition: p, d: d,
 		in:        make(chan []*kgo.Record, 4),
 		quit:      make(chan struct{}),
 		abort:     make(chan struct{}),
@@ -66,10 +75,17 @@ func newPartition(w *Worker, topic string, p int32, d *dedup.Partition) *partiti
 	pw.highWatermark.Store(-1)
 	pw.nextOffset.Store(-1)
 	if cp, ok := d.Checkpoint(); ok {
-		pw.next, pw.stableNext, pw.flushed = cp, cp, cp
-		pw.nextOffset.Store(cp.Offset)
+		pw.setCheckpoint(cp)
 	}
 	return pw
+}
+
+// setCheckpoint makes cp, just committed to Badger or read from it, where
+// the partition stands: nothing decided past it.
+func (pw *partition) setCheckpoint(cp store.Checkpoint) {
+	pw.next, pw.stableNext, pw.flushed = cp, cp, cp
+	pw.stableDecided, pw.flushedDecided = pw.decided, pw.decided
+	pw.nextOffset.Store(cp.Offset)
 }
 
 // replayState is a partition's replay: [from, until) state-only; start is
@@ -79,62 +95,9 @@ type replayState struct {
 	start, logged time.Time
 }
 
-// startReplay makes records [from, until) state-only. Called from
-// adjustOffsets before any record of the partition is fetched.
-func (pw *partition) startReplay(from, until int64) {
-	pw.replayMu.Lock()
-	pw.replay = replayState{from: from, until: until, start: time.Now(), logged: time.Now()}
-	pw.replayMu.Unlock()
-	pw.replayLeft.Store(until - from)
-	pw.w.m.restoring.Inc()
-	pw.w.log.Info("replaying input into the filter, forwarding nothing", "topic", pw.topic, "partition", pw.partition, "from", from, "until", until)
-}
-
-// replaySnapshot returns the replay as it stands.
-func (pw *partition) replaySnapshot() replayState {
-	pw.replayMu.Lock()
-	defer pw.replayMu.Unlock()
-	return pw.replay
-}
-
-func (pw *partition) replaying() bool { return !pw.replaySnapshot().start.IsZero() }
-
-func (pw *partition) endReplay(completed bool) {
-	pw.replayMu.Lock()
-	r := pw.replay
-	pw.replay.start = time.Time{}
-	pw.replayMu.Unlock()
-	if r.start.IsZero() {
-		return
-	}
-	pw.w.m.restoring.Dec()
-	pw.replayLeft.Store(0)
-	if completed {
-		d := time.Since(r.start)
-		pw.w.m.replaySeconds.Observe(d.Seconds())
-		pw.w.log.Info("replay finished", "topic", pw.topic, "partition", pw.partition, "records", r.until-r.from, "duration", d.Round(time.Millisecond))
-	}
-}
-
-// rewindIntoReplay restarts the replay after an aborted transaction
-// rewound the input to next, when next lies in the replayed stretch.
-func (pw *partition) rewindIntoReplay(next int64) {
-	pw.replayMu.Lock()
-	r := &pw.replay
-	restart := r.until > 0 && r.start.IsZero() && next < r.until
-	if restart {
-		r.start = time.Now()
-	}
-	until := r.until
-	pw.replayMu.Unlock()
-	if restart {
-		pw.replayLeft.Store(until - next)
-		pw.w.m.restoring.Inc()
-	}
-}
-
 func (pw *partition) stop(abort bool) {
-	if pw.w.sess != nil { // driven by the transaction loop, which is not running now
+	pw.stopReplay(abort)
+	if pw.w.opts.Delivery == ExactlyOnce { // driven by the transaction loop, which is not running now
 		if !abort {
 			pw.flush()
 		}
@@ -149,7 +112,6 @@ func (pw *partition) stop(abort bool) {
 }
 
 func (pw *partition) close() {
-	pw.endReplay(false)
 	pw.d.Close()
 	close(pw.done)
 }
@@ -191,71 +153,34 @@ func (pw *partition) drain() {
 // forwarded one and, with DuplicatesTopic, of each dropped one. At least
 // once it also cuts a write batch when the dirty pages reach FlushBytes.
 func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Record)) {
-	if pw.failed {
+	if pw.failed.Load() {
 		return
 	}
 	forwards, dups := pw.w.opts.Forwards, pw.w.opts.DuplicatesTopic
-	replay := pw.replaySnapshot() // startReplay precedes the first fetch
-	replaying := !replay.start.IsZero()
 	for _, r := range recs {
-		if r.Offset < replay.until {
-			if err := pw.d.Replay(r); err != nil {
-				pw.fail(err)
-				return
-			}
-			if pw.replayProgress(r.Offset, replay) {
-				replaying = false
-			}
-		} else {
-			if replaying {
-				pw.endReplay(true)
-				replaying = false
-			}
-			d, err := pw.d.Decide(r)
-			if err != nil {
-				pw.fail(err)
-				return
-			}
-			if d == dedup.Unkeyed {
-				pw.w.log.Debug("record cannot be keyed; forwarded unchanged", "topic", pw.topic, "partition", pw.partition, "offset", r.Offset, "reason", pw.d.LastKeyError())
-			}
-			if forwards(d) {
-				produce(r, pw.output(r))
-			} else if reason := dropReason(d); reason != "" && dups != "" {
-				produce(r, pw.dropped(r, reason))
-			}
+		d, err := pw.d.Decide(r)
+		if err != nil {
+			pw.fail(err)
+			return
+		}
+		if d == dedup.Unkeyed {
+			pw.w.log.Debug("record cannot be keyed; forwarded unchanged", "topic", pw.topic, "partition", pw.partition, "offset", r.Offset, "reason", pw.d.LastKeyError())
+		}
+		if forwards(d) {
+			produce(r, pw.output(r))
+		} else if reason := dropReason(d); reason != "" && dups != "" {
+			produce(r, pw.dropped(r, reason))
 		}
 		pw.next = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
 		pw.decided++
-		if pw.w.sess == nil && pw.d.DirtyBytes() >= pw.w.opts.FlushBytes {
+		if pw.w.opts.Delivery == AtLeastOnce && pw.d.DirtyBytes() >= pw.w.opts.FlushBytes {
 			pw.flush()
-			if pw.failed {
+			if pw.failed.Load() {
 				return
 			}
 		}
 	}
 	pw.nextOffset.Store(pw.next.Offset)
-}
-
-// replayProgress accounts for the replayed record at offset and reports
-// whether it ended the replay r.
-func (pw *partition) replayProgress(offset int64, r replayState) bool {
-	pw.replayLeft.Store(max(0, r.until-offset-1))
-	if offset+1 >= r.until {
-		pw.endReplay(true)
-		return true
-	}
-	pw.replayMu.Lock()
-	logNow := time.Since(pw.replay.logged) >= 5*time.Second
-	if logNow {
-		pw.replay.logged = time.Now()
-	}
-	pw.replayMu.Unlock()
-	if logNow {
-		pw.w.log.Info("replaying", "topic", pw.topic, "partition", pw.partition, "offset", offset, "until", r.until,
-			"done", fmt.Sprintf("%.1f%%", 100*float64(offset-r.from)/float64(r.until-r.from)))
-	}
-	return false
 }
 
 // output is the record forwarded for r: key, value, headers and timestamp
@@ -309,7 +234,7 @@ func (pw *partition) produce(in, out *kgo.Record) {
 	pw.inflight.Add(1)
 	// Not the worker's context: records already decided must be delivered
 	// (or fail) before the write batch that covers them, even at shutdown.
-	pw.w.cl.Produce(context.Background(), out, func(_ *kgo.Record, err error) {
+	pw.cl.Produce(context.Background(), out, func(_ *kgo.Record, err error) {
 		if err != nil {
 			pw.w.m.produceErrors.Inc()
 			err = fmt.Errorf("producing record of %s/%d offset %d to %s: %w", pw.topic, pw.partition, in.Offset, out.Topic, err)
@@ -324,13 +249,19 @@ func (pw *partition) produce(in, out *kgo.Record) {
 // transaction, then (at least once) mark the offset for the group commit.
 // Exactly once it runs between transactions, when every decided record
 // belongs to a committed one.
+//
+// A partition that is replaying has nothing to flush here: its restore
+// goroutine cuts its own write batches.
 func (pw *partition) flush() {
+	if pw.restoring.Load() {
+		return
+	}
 	pw.lastFlush = time.Now()
 	cp, decided := pw.next, pw.decided
-	if pw.w.sess != nil {
+	if pw.w.opts.Delivery == ExactlyOnce {
 		cp, decided = pw.stableNext, pw.stableDecided // never a checkpoint past the last committed transaction
 	}
-	if pw.failed || cp == pw.flushed {
+	if pw.failed.Load() || cp == pw.flushed {
 		return
 	}
 	pw.inflight.Wait()
@@ -348,14 +279,14 @@ func (pw *partition) flush() {
 	pw.w.m.batchRecords.Observe(float64(decided - pw.flushedDecided))
 	pw.w.m.batchBytes.Observe(float64(dirty))
 	pw.flushedDecided = decided
-	if pw.w.sess == nil {
-		pw.w.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{
+	if pw.w.opts.Delivery == AtLeastOnce {
+		pw.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{
 			pw.topic: {pw.partition: {Epoch: cp.LeaderEpoch, Offset: cp.Offset}},
 		})
 	}
 }
 
 func (pw *partition) fail(err error) {
-	pw.failed = true
+	pw.failed.Store(true)
 	pw.w.fail(err)
 }

@@ -31,13 +31,12 @@ import (
 // storage failure stops the worker through fail.
 func (w *Worker) transactLoop(ctx context.Context) error {
 	// One transaction's dirtied pages must fit in half a write batch
-	// (flushDue cuts one at the other half). A record dirties at most pages
-	// pages, as of the partitions owned when the poll starts; a partition
-	// assigned during the poll starts with no dirty pages, so its first
-	// transaction has a whole write batch of room.
-	pages := 1
+	// (flushDue cuts one at the other half). The bound per record is
+	// static (Options.MaxDirtyPagesPerRecord, from the deduplicator's
+	// options), so the first transaction after a start or a rebalance is
+	// sized like every other.
+	maxRecords := int(max(1, min(pollRecords, w.opts.FlushBytes/int64(w.opts.PageBytes)/2/int64(w.opts.MaxDirtyPagesPerRecord))))
 	for ctx.Err() == nil {
-		maxRecords := int(max(1, min(pollRecords, w.opts.FlushBytes/int64(w.opts.PageBytes)/2/int64(pages))))
 		pctx, cancel := context.WithTimeout(ctx, w.opts.FlushInterval)
 		fetches := w.sess.PollRecords(pctx, maxRecords)
 		cancel()
@@ -55,23 +54,9 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 			}
 		}
 		w.flushDue()
-		pages = w.maxDirtyPagesPerRecord()
 		w.sess.AllowRebalance()
 	}
 	return nil
-}
-
-// maxDirtyPagesPerRecord is the most filter pages one record can dirty in
-// any owned partition (dedup.Partition.MaxDirtyPagesPerRecord), at least 1.
-// It runs between transactions, with rebalances blocked.
-func (w *Worker) maxDirtyPagesPerRecord() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := 1
-	for _, pw := range w.parts {
-		n = max(n, pw.d.MaxDirtyPagesPerRecord())
-	}
-	return n
 }
 
 // errPartitionFailed marks a transaction aborted because a partition failed
@@ -109,7 +94,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 		}
 		touched = append(touched, pw)
 		pw.process(p.Records, produce)
-		if pw.failed {
+		if pw.failed.Load() {
 			failed = fmt.Errorf("%w: %s/%d", errPartitionFailed, p.Topic, p.Partition)
 		}
 	})
@@ -155,7 +140,6 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 			pw.next, pw.decided = pw.stableNext, pw.stableDecided
 			pw.nextOffset.Store(pw.next.Offset)
 			err = pw.d.DiscardStaged()
-			pw.rewindIntoReplay(pw.next.Offset) // the rewind may go back into the replayed stretch
 		}
 		if err != nil {
 			pw.fail(err)
@@ -180,6 +164,9 @@ func (w *Worker) flushDue() {
 	}
 	w.mu.Unlock()
 	for _, pw := range parts {
+		if pw.restoring.Load() {
+			continue // its restore goroutine owns the deduplicator
+		}
 		if time.Since(pw.lastFlush) >= w.opts.FlushInterval || pw.d.DirtyBytes() >= w.opts.FlushBytes/2 {
 			pw.flush()
 		}

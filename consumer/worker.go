@@ -117,9 +117,20 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the worker's metrics (nil: none).
 	Registerer prometheus.Registerer
-	// ClientOpts are appended to the franz-go client options (hooks such as
-	// plugin/kprom, TLS and SASL, test settings).
+	// ConnOpts are the connection options (TLS, SASL) of every Kafka
+	// client the worker creates: the group client and the restore clients
+	// that replay a partition's input into its filter.
+	ConnOpts []kgo.Opt
+	// ClientOpts are appended to the group client's options only (hooks
+	// such as plugin/kprom, which registers its metrics once per hook and
+	// so cannot be shared with a second client, test settings).
 	ClientOpts []kgo.Opt
+	// MaxDirtyPagesPerRecord bounds the filter pages one record can dirty
+	// (dedup.Options.MaxDirtyPagesPerRecord; default 1). With ExactlyOnce a
+	// transaction covers at most FlushBytes/PageBytes/2 records divided by
+	// it, so that the pages a transaction dirties fit in half a write
+	// batch whatever the partitions it touches.
+	MaxDirtyPagesPerRecord int
 }
 
 func (o Options) withDefaults() Options {
@@ -137,6 +148,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.PageBytes == 0 {
 		o.PageBytes = 4096
+	}
+	if o.MaxDirtyPagesPerRecord <= 0 {
+		o.MaxDirtyPagesPerRecord = 1
 	}
 	if o.TransactionalID == "" {
 		host, _ := os.Hostname()
@@ -159,10 +173,17 @@ type Worker struct {
 	log  *slog.Logger
 	m    metrics
 
-	cl    *kgo.Client
-	sess  *kgo.GroupTransactSession // ExactlyOnce only
-	ready atomic.Bool
+	// cl and sess are the Kafka session of the current connect. They are
+	// written by connect while no group callback can run yet, and read by
+	// the poll loop; callbacks, which franz-go may start before the
+	// constructor returns, read them through client() once published.
+	cl        *kgo.Client
+	sess      *kgo.GroupTransactSession // ExactlyOnce only
+	connected chan struct{}             // closed once cl and sess are set
+	ready     atomic.Bool
+	restoring atomic.Int64 // partitions replaying input into their filter
 
+	// mu guards parts, closing, fatalErr, cancelPoll and connected.
 	mu      sync.Mutex
 	parts   map[topicPartition]*partition
 	closing bool
@@ -208,9 +229,36 @@ func New(opts Options) (*Worker, error) {
 	return w, nil
 }
 
-// Ready reports whether the worker has joined its group and opened the state
-// of every partition assigned to it; false again once shutdown begins.
-func (w *Worker) Ready() bool { return w.ready.Load() }
+// Ready reports whether the worker has joined its group, opened the state of
+// every partition assigned to it and finished replaying their input (a
+// rebuild or a catch-up is not ready, so that a rolling update waits for
+// it); false again once shutdown begins.
+func (w *Worker) Ready() bool {
+	if !w.ready.Load() || w.restoring.Load() != 0 {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, pw := range w.parts {
+		if !pw.planned.Load() { // assigned, and not yet known whether it must replay
+			return false
+		}
+	}
+	return true
+}
+
+// client returns the group client of the current connect, waiting until
+// connect has published it: franz-go may run group callbacks before
+// kgo.NewClient returns.
+func (w *Worker) client() *kgo.Client {
+	w.mu.Lock()
+	c := w.connected
+	w.mu.Unlock()
+	<-c
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cl
+}
 
 // Run consumes until ctx is canceled or a partition fails. On cancellation
 // it stops polling, lets every partition finish its write batch, commits the
@@ -252,6 +300,10 @@ func (w *Worker) Run(ctx context.Context) error {
 
 // connect creates the Kafka client (a GroupTransactSession exactly once).
 func (w *Worker) connect() error {
+	connected := make(chan struct{})
+	w.mu.Lock()
+	w.connected = connected
+	w.mu.Unlock()
 	start := kgo.NewOffset().AtStart()
 	if w.opts.StartAtLatest {
 		start = kgo.NewOffset().AtEnd()
@@ -287,20 +339,32 @@ func (w *Worker) connect() error {
 			// that a member kicked from the group cannot commit late.
 			kgo.TransactionTimeout(min(40*time.Second, w.opts.SessionTimeout*3/4)),
 		)
-		sess, err := kgo.NewGroupTransactSession(append(opts, w.opts.ClientOpts...)...)
+		sess, err := kgo.NewGroupTransactSession(w.clientOpts(opts)...)
 		if err != nil {
 			return fmt.Errorf("creating kafka transactional client: %w", err)
 		}
-		w.sess, w.cl = sess, sess.Client()
+		w.publish(sess, sess.Client())
 		return nil
 	}
 	opts = append(opts, kgo.AutoCommitMarks(), kgo.AutoCommitInterval(w.opts.FlushInterval))
-	cl, err := kgo.NewClient(append(opts, w.opts.ClientOpts...)...)
+	cl, err := kgo.NewClient(w.clientOpts(opts)...)
 	if err != nil {
 		return fmt.Errorf("creating kafka client: %w", err)
 	}
-	w.cl = cl
+	w.publish(nil, cl)
 	return nil
+}
+
+func (w *Worker) clientOpts(opts []kgo.Opt) []kgo.Opt {
+	return append(append(opts, w.opts.ConnOpts...), w.opts.ClientOpts...)
+}
+
+// publish makes the session of a connect visible to group callbacks.
+func (w *Worker) publish(sess *kgo.GroupTransactSession, cl *kgo.Client) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sess, w.cl = sess, cl
+	close(w.connected)
 }
 
 // pollLoop is the at-least-once loop: poll and hand records to the
@@ -415,13 +479,16 @@ func (w *Worker) shutdown() error {
 	return w.fatalErr
 }
 
-func (w *Worker) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	w.mu.Lock()
 	closing := w.closing
 	w.mu.Unlock()
 	if closing {
 		return
 	}
+	// A partition paused for a replay that a revocation interrupted stays
+	// paused in the client; adjustOffsets pauses again what must replay.
+	cl.ResumeFetchPartitions(assigned)
 	for topic, partitions := range assigned {
 		for _, p := range partitions {
 			d, err := w.opts.Open(topic, p)
@@ -429,11 +496,11 @@ func (w *Worker) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 				w.fail(err)
 				continue
 			}
-			pw := newPartition(w, topic, p, d)
+			pw := newPartition(w, cl, topic, p, d)
 			w.mu.Lock()
 			w.parts[topicPartition{topic, p}] = pw
 			w.mu.Unlock()
-			if w.sess == nil {
+			if w.opts.Delivery == AtLeastOnce {
 				go pw.run()
 			}
 			w.m.assigned.Inc()
@@ -450,66 +517,92 @@ func (w *Worker) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 //   - checkpoint ahead (a crash between the Badger and the group commit, at
 //     least once): resume from the checkpoint, the records in between were
 //     forwarded and acknowledged;
-//   - checkpoint behind (the partition was processed elsewhere meanwhile, or
-//     an exactly-once crash after the Kafka commit): replay the gap into
-//     the filter without forwarding, then resume;
+//   - checkpoint behind (the partition was processed elsewhere meanwhile, an
+//     exactly-once crash after the Kafka commit, or a replay interrupted by
+//     a stop, a crash or a rebalance): replay the gap into the filter
+//     without forwarding, then resume at the group's offset;
 //   - no local state and a committed offset: rebuild by replaying from the
 //     earliest retained offset (with a window, from the window's start, see
 //     windowStart), or with RebuildEmpty start empty at the group's offset.
 //
+// A replay never goes through the group client: the partition stays
+// paused there at the group's offset while a restore client of its own
+// reads the gap (restore.go). Its progress is the Badger checkpoint only,
+// so the group's committed offset never moves backwards, and a replay cut
+// short resumes from its checkpoint on whichever worker owns the
+// partition next.
+//
 // A replay that starts before the earliest retained offset is partial: it
 // starts there, logs the offsets lost and counts a partial rebuild.
 func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
-	var starts kadm.ListedOffsets
+	var (
+		starts kadm.ListedOffsets
+		cl     = w.client()
+		adm    = kadm.NewClient(cl)
+	)
 	for topic, ps := range offsets {
 		for p, o := range ps {
 			pw := w.partition(topic, p)
 			if pw == nil {
 				continue
 			}
-			group := o.EpochOffset().Offset // negative: no committed offset
-			cp, ok := pw.d.Checkpoint()
-			from := int64(-1)
-			switch {
-			case ok && (group < 0 || cp.Offset >= group):
-				if cp.Offset != group {
-					w.log.Info("resuming from the local checkpoint", "topic", topic, "partition", p, "offset", cp.Offset, "group_offset", group)
-				}
-				ps[p] = kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch)
-				continue
-			case group < 0:
-				continue // nothing committed, no state: start at the reset offset, empty
-			case ok:
-				from = cp.Offset
-			case w.opts.RebuildEmpty:
-				w.log.Info("no local state: starting with an empty filter (KDEDUP_REBUILD=empty)", "topic", topic, "partition", p, "group_offset", group)
-				continue
-			default:
-				var err error
-				if from, err = w.windowStart(ctx, topic, p, group); err != nil {
-					return nil, err
-				}
+			start, err := w.plan(ctx, cl, adm, &starts, pw, o)
+			pw.planned.Store(true) // after a replay began: readiness never sees a gap
+			if err != nil {
+				return nil, err
 			}
-			if starts == nil {
-				var err error
-				if starts, err = kadm.NewClient(w.cl).ListStartOffsets(ctx, w.opts.InputTopics...); err != nil {
-					return nil, fmt.Errorf("listing start offsets to plan a replay: %w", err)
-				}
-			}
-			if s, found := starts.Lookup(topic, p); found && s.Err == nil && s.Offset > from {
-				w.m.partialRebuilds.Inc()
-				w.log.Warn("replay is partial: the input before the earliest retained offset is gone, so keys first seen there are not in the filter and deletes there are not applied",
-					"topic", topic, "partition", p, "lost_from", from, "lost_to", s.Offset)
-				from = s.Offset
-			}
-			if from >= group {
-				continue
-			}
-			ps[p] = kgo.NewOffset().At(from)
-			pw.startReplay(from, group)
+			ps[p] = start
 		}
 	}
 	return offsets, nil
+}
+
+// plan returns where pw starts in the group client, given the group's
+// committed offset o, and starts its replay when it needs one (see
+// adjustOffsets). starts caches the input's start offsets.
+func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, starts *kadm.ListedOffsets, pw *partition, o kgo.Offset) (kgo.Offset, error) {
+	topic, p := pw.topic, pw.partition
+	group := o.EpochOffset().Offset // negative: no committed offset
+	cp, ok := pw.d.Checkpoint()
+	from := int64(-1)
+	switch {
+	case ok && (group < 0 || cp.Offset >= group):
+		if cp.Offset != group {
+			w.log.Info("resuming from the local checkpoint", "topic", topic, "partition", p, "offset", cp.Offset, "group_offset", group)
+		}
+		return kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch), nil
+	case group < 0:
+		return o, nil // nothing committed, no state: start at the reset offset, empty
+	case ok:
+		from = cp.Offset
+	case w.opts.RebuildEmpty:
+		w.log.Info("no local state: starting with an empty filter (KDEDUP_REBUILD=empty)", "topic", topic, "partition", p, "group_offset", group)
+		return o, nil
+	default:
+		var err error
+		if from, err = w.windowStart(ctx, adm, topic, p, group); err != nil {
+			return o, err
+		}
+	}
+	if *starts == nil {
+		var err error
+		if *starts, err = adm.ListStartOffsets(ctx, w.opts.InputTopics...); err != nil {
+			return o, fmt.Errorf("listing start offsets to plan a replay: %w", err)
+		}
+	}
+	if s, found := starts.Lookup(topic, p); found && s.Err == nil && s.Offset > from {
+		w.m.partialRebuilds.Inc()
+		w.log.Warn("replay is partial: the input before the earliest retained offset is gone, so keys first seen there are not in the filter and deletes there are not applied",
+			"topic", topic, "partition", p, "lost_from", from, "lost_to", s.Offset)
+		from = s.Offset
+	}
+	if from < group {
+		// The group client starts at the group's offset (o, unchanged)
+		// but fetches nothing until the replay has caught up.
+		cl.PauseFetchPartitions(map[string][]int32{topic: {p}})
+		pw.startReplay(cl, from, group)
+	}
+	return o, nil
 }
 
 // windowStart is where a rebuild of topic/partition up to offset group
@@ -527,11 +620,10 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 // watermark, so a binary search over X finds it in about 40 lookups. When
 // a lookup fails the rebuild replays everything retained, which is correct,
 // only slower.
-func (w *Worker) windowStart(ctx context.Context, topic string, p int32, group int64) (int64, error) {
+func (w *Worker) windowStart(ctx context.Context, adm *kadm.Client, topic string, p int32, group int64) (int64, error) {
 	if w.opts.Window <= 0 || w.opts.WindowGenerations <= 0 {
 		return 0, nil
 	}
-	adm := kadm.NewClient(w.cl)
 	offsetAfter := func(millis int64) (int64, error) {
 		l, err := adm.ListOffsetsAfterMilli(ctx, millis, topic)
 		if err != nil {
@@ -591,7 +683,7 @@ func (w *Worker) windowStart(ctx context.Context, topic string, p int32, group i
 // revoked finishes and commits the revoked partitions' write batches, then
 // commits their group offsets before the partitions move.
 func (w *Worker) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
-	if n := w.stopPartitions(revoked, false); n == 0 || w.sess != nil {
+	if n := w.stopPartitions(revoked, false); n == 0 || w.opts.Delivery == ExactlyOnce {
 		return
 	}
 	if err := cl.CommitMarkedOffsets(ctx); err != nil {

@@ -291,15 +291,16 @@ func TestOpenRefusesMaxOccurrences(t *testing.T) {
 
 // TestMaxDirtyPagesPerRecord: a key whose 3 copies were added to 3
 // different sub-filters (the chain grew between its records) dirties 3
-// pages when deleted, which MaxDirtyPagesPerRecord bounds; with the
-// default limit a record dirties one page.
+// pages when deleted, which MaxDirtyPagesPerRecord bounds from the start
+// (a static bound: a transaction sized before the chain grows must still
+// fit); with the default limit a record dirties one page.
 func TestMaxDirtyPagesPerRecord(t *testing.T) {
 	db := openDB(t, "", store.Options{})
 	p := openPartition(t, db, "orders", 0, Options{Filter: smallChain, MaxOccurrences: 3}, nil)
 	defer p.Close()
 	d := &decider{t: t, p: p}
-	if n := p.MaxDirtyPagesPerRecord(); n != 1 {
-		t.Fatalf("MaxDirtyPagesPerRecord of a one-sub-filter chain = %d, want 1", n)
+	if n := p.MaxDirtyPagesPerRecord(); n != 3 {
+		t.Fatalf("MaxDirtyPagesPerRecord of a one-sub-filter chain = %d, want 3 (the limit)", n)
 	}
 	filler := 0
 	for copies := range 3 {

@@ -393,6 +393,15 @@ func (p *Partition) wrap(r *kgo.Record, err error) error {
 // Options.Staged: of the changes applied by CommitStaged).
 func (p *Partition) DirtyBytes() int64 { return p.state.DirtyBytes() }
 
+// StagedBytes is the size of the pages that staged decisions (Options.Staged)
+// changed and CommitStaged would add to DirtyBytes; 0 without Staged.
+func (p *Partition) StagedBytes() int64 {
+	if p.overlay == nil {
+		return 0
+	}
+	return int64(p.overlay.Modified()) * int64(p.chain.Params().PageBytes)
+}
+
 // Checkpoint returns the committed checkpoint: the next input offset the
 // state reflects. ok is false when the partition has no committed state.
 func (p *Partition) Checkpoint() (cp store.Checkpoint, ok bool) { return p.state.Checkpoint() }
@@ -407,12 +416,19 @@ func (p *Partition) Checkpoint() (cp store.Checkpoint, ok bool) { return p.state
 // false-positive rate, can add a page; bounds with headroom absorb both.)
 // A chain that grows afterwards holds in its new sub-filters only copies
 // added after this call, whose pages their adds changed already.
-func (p *Partition) MaxDirtyPagesPerRecord() int {
-	n := min(p.opts.maxOccurrences(), p.chain.Stats().SubFilters)
-	if p.opts.Refresh {
+func (p *Partition) MaxDirtyPagesPerRecord() int { return p.opts.MaxDirtyPagesPerRecord() }
+
+// MaxDirtyPagesPerRecord bounds the filter pages deciding one record can
+// change under these options, whatever the state (see
+// Partition.MaxDirtyPagesPerRecord): MaxOccurrences, and at least 2 with
+// Refresh. Static, so that a batch can be sized before any partition is
+// open.
+func (o Options) MaxDirtyPagesPerRecord() int {
+	n := o.maxOccurrences()
+	if o.Refresh {
 		n = max(n, 2)
 	}
-	return max(n, 1)
+	return n
 }
 
 // Stats returns the filter's load, sub-filters and estimated false-positive

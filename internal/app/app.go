@@ -86,10 +86,12 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		Open: func(topic string, partition int32) (*dedup.Partition, error) {
 			return dedup.Open(db, topic, partition, dopts, dm)
 		},
-		Forwards:   dopts.Forwards,
-		Logger:     log,
-		Registerer: reg,
-		ClientOpts: append(kafkaOpts, kgo.WithHooks(kp)),
+		Forwards:               dopts.Forwards,
+		MaxDirtyPagesPerRecord: dopts.MaxDirtyPagesPerRecord(),
+		Logger:                 log,
+		Registerer:             reg,
+		ConnOpts:               kafkaOpts,
+		ClientOpts:             []kgo.Opt{kgo.WithHooks(kp)},
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)

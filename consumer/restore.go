@@ -1,0 +1,244 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kslog"
+
+	"github.com/kdedup/kdedup/store"
+)
+
+// A replay (a rebuild of a partition without local state, or the catch-up
+// of a local state behind the group's offset) reads the input that an
+// earlier owner already decided, to put its keys into the filter without
+// forwarding anything. It is done the way Kafka Streams restores a state
+// store from its changelog: by a client of its own (the restore client: a
+// direct consumer of the one partition, outside the group), while the
+// group client holds the partition paused at the group's committed offset.
+//
+// Replaying through the group client instead makes the replay's start the
+// group client's committed baseline, and every offset it then commits (at
+// least once, the marked checkpoints; exactly once, each transaction's
+// consumed offsets) moves the group's offset backwards: a stop, a crash or
+// a rebalance in the middle of a replay then hands the next owner a group
+// offset far behind what was forwarded, and it forwards the gap again.
+// Here the replay's progress is the Badger checkpoint only; the group's
+// offset stays where it was until the partition decides records again.
+
+// restoreIdle is how long a restore poll waits for records before the
+// restore asks whether it has reached the end of the partition's log.
+const restoreIdle = time.Second
+
+// startReplay makes the partition replay [from, until) with a restore
+// client, then resume in the group client cl, where adjustOffsets has paused
+// it. It runs on the group client's goroutine (adjustOffsets), before any
+// record of the partition is fetched.
+func (pw *partition) startReplay(cl *kgo.Client, from, until int64) {
+	pw.replayMu.Lock()
+	pw.replay = replayState{from: from, until: until, start: time.Now(), logged: time.Now()}
+	pw.replayMu.Unlock()
+	pw.replayLeft.Store(until - from)
+	pw.restoring.Store(true)
+	pw.w.restoring.Add(1)
+	pw.w.m.restoring.Inc()
+	pw.w.log.Info("replaying input into the filter, forwarding nothing", "topic", pw.topic, "partition", pw.partition, "from", from, "until", until)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	pw.replayMu.Lock()
+	pw.cancelRestore, pw.restoreDone = cancel, done
+	pw.replayMu.Unlock()
+	go pw.restore(ctx, cancel, done, cl, from, until)
+}
+
+// stopReplay stops a running replay and waits for it. abort (the partition
+// was lost) commits nothing more; otherwise the replay commits its progress
+// as a write batch, so that the next owner of this directory goes on from
+// there.
+func (pw *partition) stopReplay(abort bool) {
+	pw.replayMu.Lock()
+	cancel, done := pw.cancelRestore, pw.restoreDone
+	pw.replayMu.Unlock()
+	if done == nil {
+		return
+	}
+	pw.restoreAbort.Store(abort)
+	cancel()
+	<-done
+}
+
+// restore runs a replay to its end, then resumes the partition in the group
+// client. A stopped replay leaves the partition paused: the client resumes
+// it when the partition is assigned again.
+func (pw *partition) restore(ctx context.Context, cancel context.CancelFunc, done chan struct{}, group *kgo.Client, from, until int64) {
+	defer close(done)
+	defer cancel()
+	stopped, err := pw.replayRange(ctx, from, until)
+	pw.endReplay(!stopped && err == nil)
+	switch {
+	case err != nil:
+		pw.fail(err)
+	case stopped:
+		pw.w.log.Info("replay stopped; its progress is the local checkpoint", "topic", pw.topic, "partition", pw.partition, "offset", pw.flushed.Offset, "until", until)
+	default:
+		group.ResumeFetchPartitions(map[string][]int32{pw.topic: {pw.partition}})
+	}
+}
+
+// replayRange replays the records [from, until) of the partition into its
+// filter, committing a write batch every FlushInterval and when the dirty
+// pages reach FlushBytes, and a last one with checkpoint until. Control
+// records (transaction markers) are read too, so that a stretch ending in
+// a marker is seen to end; a stretch whose end is past the log's end (a
+// truncated log) ends at the log's end. stopped reports a replay ended by
+// ctx (stopReplay) before its end.
+func (pw *partition) replayRange(ctx context.Context, from, until int64) (stopped bool, err error) {
+	w := pw.w
+	cl, err := kgo.NewClient(append([]kgo.Opt{
+		kgo.SeedBrokers(w.opts.Brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{pw.topic: {pw.partition: kgo.NewOffset().At(from)}}),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+		kgo.FetchMaxWait(restoreIdle / 2),
+		kgo.WithLogger(kslog.New(w.log.With("client", "restore", "topic", pw.topic, "partition", pw.partition))),
+	}, w.opts.ConnOpts...)...)
+	if err != nil {
+		return false, fmt.Errorf("creating the restore client of %s/%d: %w", pw.topic, pw.partition, err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+
+	cp := store.Checkpoint{Offset: from, LeaderEpoch: -1}
+	batchStart := time.Now()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, restoreIdle)
+		fetches := cl.PollRecords(pctx, pollRecords)
+		cancel()
+		if ctx.Err() != nil {
+			if pw.restoreAbort.Load() {
+				return true, nil
+			}
+			return true, pw.commitReplay(cp)
+		}
+		fetches.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				w.log.Warn("restore fetch error", "topic", pw.topic, "partition", pw.partition, "err", err)
+			}
+		})
+		var (
+			got  int
+			done bool
+			rerr error
+		)
+		fetches.EachRecord(func(r *kgo.Record) {
+			if done || rerr != nil || r.Offset < cp.Offset {
+				return
+			}
+			got++
+			if r.Offset >= until {
+				done = true
+				return
+			}
+			if !r.Attrs.IsControl() {
+				if rerr = pw.d.Replay(r); rerr != nil {
+					return
+				}
+				pw.decided++
+			}
+			cp = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
+			done = cp.Offset >= until
+			if !done && pw.d.DirtyBytes()+pw.d.StagedBytes() >= w.opts.FlushBytes/2 {
+				rerr = pw.commitReplay(cp) // a poll can dirty more pages than a write batch holds
+			}
+		})
+		if rerr != nil {
+			return false, rerr
+		}
+		if got > 0 {
+			pw.replayProgress(cp.Offset, until)
+		} else if !done {
+			// Nothing for a while: either the log ends before until (it
+			// was truncated) or the brokers are slow; only the first ends
+			// the replay.
+			ends, err := adm.ListEndOffsets(ctx, pw.topic)
+			if err == nil {
+				if e, ok := ends.Lookup(pw.topic, pw.partition); ok && e.Err == nil && e.Offset <= cp.Offset {
+					w.log.Warn("the input ends before the group's offset; replay ends at the end of the log", "topic", pw.topic, "partition", pw.partition, "log_end", e.Offset, "group_offset", until)
+					done = true
+				}
+			}
+		}
+		if done {
+			return false, pw.commitReplay(store.Checkpoint{Offset: until, LeaderEpoch: cp.LeaderEpoch})
+		}
+		if time.Since(batchStart) >= w.opts.FlushInterval {
+			if err := pw.commitReplay(cp); err != nil {
+				return false, err
+			}
+			batchStart = time.Now()
+		}
+	}
+}
+
+// commitReplay commits what the replay changed as a write batch with
+// checkpoint cp: local progress only, never offered to the group.
+func (pw *partition) commitReplay(cp store.Checkpoint) error {
+	if cp == pw.flushed {
+		return nil
+	}
+	if err := pw.d.CommitStaged(); err != nil { // exactly once, replayed changes are staged like decided ones
+		return err
+	}
+	dirty := pw.d.DirtyBytes()
+	if err := pw.d.Commit(cp); err != nil {
+		return err
+	}
+	pw.w.m.batches.Inc()
+	pw.w.m.batchRecords.Observe(float64(pw.decided - pw.flushedDecided))
+	pw.w.m.batchBytes.Observe(float64(dirty))
+	pw.setCheckpoint(cp)
+	return nil
+}
+
+// endReplay ends the replay's accounting; completed replays are timed.
+func (pw *partition) endReplay(completed bool) {
+	pw.replayMu.Lock()
+	r := pw.replay
+	pw.replay.start = time.Time{}
+	pw.replayMu.Unlock()
+	if r.start.IsZero() {
+		return
+	}
+	pw.restoring.Store(false)
+	pw.w.restoring.Add(-1)
+	pw.w.m.restoring.Dec()
+	pw.replayLeft.Store(0)
+	if completed {
+		d := time.Since(r.start)
+		pw.w.m.replaySeconds.Observe(d.Seconds())
+		pw.w.log.Info("replay finished", "topic", pw.topic, "partition", pw.partition, "records", r.until-r.from, "duration", d.Round(time.Millisecond))
+	}
+}
+
+// replayProgress accounts for a replay that has reached next, logging its
+// progress every 5 seconds.
+func (pw *partition) replayProgress(next, until int64) {
+	pw.replayLeft.Store(max(0, until-next))
+	pw.replayMu.Lock()
+	r := pw.replay
+	logNow := time.Since(r.logged) >= 5*time.Second
+	if logNow {
+		pw.replay.logged = time.Now()
+	}
+	pw.replayMu.Unlock()
+	if logNow {
+		pw.w.log.Info("replaying", "topic", pw.topic, "partition", pw.partition, "offset", next, "until", until,
+			"done", fmt.Sprintf("%.1f%%", 100*float64(next-r.from)/float64(max(1, r.until-r.from))))
+	}
+}
