@@ -363,3 +363,26 @@ func flip(t *testing.T, path string, off int64, n int) {
 		t.Fatal(err)
 	}
 }
+
+// TestLockedBeforeDamage: a directory another process has open is
+// ErrLocked, whatever its files look like meanwhile, and is not read.
+func TestLockedBeforeDamage(t *testing.T) {
+	dir := damageState(t)
+	openT(t, Options{Dir: dir, PageBytes: damagePageBytes})
+	// What a reader could see while the writer rewrites its MANIFEST.
+	manifest := filepath.Join(dir, badger.ManifestFilename)
+	if err := os.Rename(manifest, manifest+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Rename(manifest+".moved", manifest)
+	for _, readOnly := range []bool{false, true} {
+		db, err := Open(Options{Dir: dir, PageBytes: damagePageBytes, ReadOnly: readOnly, Logger: quiet})
+		if err == nil {
+			db.Close()
+			t.Fatalf("Open (read-only %t) of a directory in use succeeded", readOnly)
+		}
+		if !errors.Is(err, ErrLocked) || errors.Is(err, ErrCorrupt) {
+			t.Errorf("Open (read-only %t) of a directory in use: %v, want ErrLocked", readOnly, err)
+		}
+	}
+}

@@ -358,6 +358,11 @@ func badgerOptions(opts Options, memTable int64) badger.Options {
 // checkBeforeOpen refuses a damaged directory (checkDir) and, unless
 // ReadOnly, one without the free space a write batch needs (ErrDiskFull).
 func (db *DB) checkBeforeOpen(bo badger.Options) error {
+	release, err := lockDir(db.opts.Dir, db.opts.ReadOnly)
+	if err != nil {
+		return err
+	}
+	defer release()
 	levels, err := checkDir(db.opts.Dir, bo)
 	if err != nil {
 		return err
