@@ -59,9 +59,8 @@ func isChecksumError(err error) bool {
 //   - a value-log file shorter than its header (Badger refuses it once,
 //     then rewrites the header on the next open).
 //
-// Every table is read in full to verify its checksums, once per Open
-// (about a second per GB from disk), so Badger itself only verifies the
-// blocks it reads later.
+// Every table is read in full to verify its checksums, once per Open, so
+// Badger itself only verifies the blocks it reads later.
 func checkDir(dir string, bo badger.Options) (levelBytes []int64, err error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -174,7 +174,7 @@ func TestCompactionBytes(t *testing.T) {
 // mount a tmpfs (root); TestDiskFullCommit, with a statfs stub, always runs.
 func TestDiskFullTmpfs(t *testing.T) {
 	mnt := t.TempDir()
-	const size = 200 << 20 // above the 160 MiB Open needs with 4 KiB pages
+	const size = 200 << 20 // above the 154 MiB Open needs at the defaults
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", mnt).CombinedOutput(); err != nil {
 		t.Skipf("mounting a %d-byte tmpfs was refused (needs root): %v: %s", size, err, out)
 	}

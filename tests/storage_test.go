@@ -90,7 +90,7 @@ func TestDiskFull(t *testing.T) {
 	pr := p.startProcess(t, dir, "KDEDUP_LOG_LEVEL=info")
 	pr.waitReady(t)
 	f.until(len(recs) / 4)
-	// Room for what is there and 40 MiB more: below the ~160 MiB a write
+	// Room for what is there and 40 MiB more: below the 154 MiB a write
 	// batch asks for, well above what Close needs to flush.
 	resizeTmpfs(t, mnt, usedBytes(t, mnt)+40<<20)
 	want := []string{"KDEDUP_DATA_DIR=" + dir, "not enough free disk space", "bytes free", "needed"}
