@@ -261,9 +261,13 @@ func (tp TopicPartition) String() string { return fmt.Sprintf("%s/%d", tp.Topic,
 
 // Open opens (creating if needed) the store in opts.Dir, or in memory. It
 // writes the layout version into an empty store and refuses a store of
-// another version (ErrCorrupt). It returns ErrLocked when another process
-// holds the directory and ErrInvalidOptions for bad Options. Unless InMemory
-// or ReadOnly, it starts a value-log GC loop (every 5 minutes) that Close
+// another version (ErrCorrupt). Before Badger reads the directory it
+// verifies every table's checksums and refuses damage (ErrCorrupt, logged
+// at ERROR, the files left as they were; see the package comment) and,
+// unless ReadOnly, a filesystem with less free space than a write batch
+// needs (ErrDiskFull). It returns ErrLocked when another process holds the
+// directory and ErrInvalidOptions for bad Options. Unless InMemory or
+// ReadOnly, it starts a value-log GC loop (every 5 minutes) that Close
 // stops.
 func Open(opts Options) (*DB, error) {
 	return open(opts, tuning{gcInterval: gcInterval})
