@@ -6,9 +6,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// collector reports the size and caches of the Badger database of one DB,
-// and the free space of its directory, read at each scrape (Badger's own expvar counters are
-// process-wide; these are the DB's). After Close it reports nothing.
+// collector reports the size and caches of the Badger database of one DB
+// and the free space of its directory, read at each scrape (Badger's own
+// expvar counters are process-wide; these are the DB's). After Close it
+// reports nothing.
 type collector struct {
 	db *DB
 

@@ -29,6 +29,15 @@ func corruptError(where, what string) error {
 	return fmt.Errorf("%w in %s: %s; %s", ErrCorrupt, where, what, recoverHint)
 }
 
+// refused logs err at ERROR if it is ErrCorrupt, for an Open that fails
+// before metrics exist, and returns it.
+func (db *DB) refused(err error) error {
+	if errors.Is(err, ErrCorrupt) {
+		db.logger.Error("state is corrupt and will not be used", "dir", db.where, "err", err)
+	}
+	return err
+}
+
 // corrupted logs err, found while the DB is open, at ERROR and counts it in
 // kdedup_store_corruptions_total; err must wrap ErrCorrupt.
 func (db *DB) corrupted(err error) error {

@@ -29,10 +29,10 @@ var (
 	// value-log file cut short, tables without the MANIFEST that lists
 	// them). The state is never used; the error says how to recover.
 	ErrCorrupt = errors.New("store: corrupt state")
-	// ErrDiskFull is returned by Open and Commit when the filesystem of
-	// Options.Dir has less free space than the next write batch, the
-	// memtables' flushes and a compaction need (see RequiredFreeBytes),
-	// before Badger writes anything.
+	// ErrDiskFull is returned by Open and Commit, before Badger writes
+	// anything, when the filesystem of Options.Dir has less free space than
+	// the next write batch, the memtables' flushes and a level-0 compaction
+	// need (kdedup_store_required_free_bytes; see the package comment).
 	ErrDiskFull = errors.New("store: not enough free disk space")
 	// ErrClosed is returned by a DB or Partition used after Close.
 	ErrClosed = errors.New("store: closed")
@@ -303,10 +303,7 @@ func open(opts Options, tn tuning) (*DB, error) {
 	bo := badgerOptions(opts, db.memTable)
 	if !opts.InMemory {
 		if err := db.checkBeforeOpen(bo); err != nil {
-			if errors.Is(err, ErrCorrupt) {
-				opts.Logger.Error("state is corrupt and will not be used", "dir", db.where, "err", err)
-			}
-			return nil, err
+			return nil, db.refused(err)
 		}
 	}
 	bopen := tn.badgerOpen
@@ -314,19 +311,13 @@ func open(opts Options, tn tuning) (*DB, error) {
 		bopen = badger.Open
 	}
 	if db.bdb, err = openBadger(bopen, bo, opts.Logger, db.where); err != nil {
-		if errors.Is(err, ErrCorrupt) {
-			opts.Logger.Error("state is corrupt and will not be used", "dir", db.where, "err", err)
-		}
-		return nil, err
+		return nil, db.refused(err)
 	}
 	if err := db.checkBatchLimit(); err != nil {
 		return nil, errors.Join(err, db.bdb.Close())
 	}
 	if err := db.checkLayout(); err != nil {
-		if errors.Is(err, ErrCorrupt) {
-			opts.Logger.Error("state is corrupt and will not be used", "dir", db.where, "err", err)
-		}
-		return nil, errors.Join(err, db.bdb.Close())
+		return nil, errors.Join(db.refused(err), db.bdb.Close())
 	}
 	// Registered last, so that a failed Open leaves the registry as it was.
 	db.metrics = newMetrics(opts.Registerer, db)
