@@ -47,17 +47,18 @@ func (db *DB) requiredFreeBytes() int64 {
 	return db.writeReserve() + compactionBytes(levelBytes(db.bdb.Levels()))
 }
 
-// checkSpace returns ErrDiskFull when the filesystem of the data directory
-// has less than need bytes available; nil for an in-memory or read-only DB.
+// checkSpace returns ErrDiskFull when free, the bytes available on the
+// filesystem of the data directory, is below need.
 func (db *DB) checkSpace(free uint64, need int64) error {
-	if int64(free) >= need {
+	if need <= 0 || free >= uint64(need) {
 		return nil
 	}
 	return fmt.Errorf("%w: data directory %s has %d bytes free, %d needed (a write batch of up to %d bytes, the level-0 tables of %d memtables of %d bytes, a compaction of %d bytes); free space on the volume or enlarge it",
 		ErrDiskFull, db.where, free, need, db.batchSize, numMemtables, db.memTable, need-db.writeReserve())
 }
 
-// checkFreeSpace compares the free space with what a Commit needs now.
+// checkFreeSpace compares the free space with what a Commit needs now;
+// an in-memory or read-only DB writes nothing to disk and always passes.
 func (db *DB) checkFreeSpace() error {
 	if db.opts.InMemory || db.opts.ReadOnly {
 		return nil

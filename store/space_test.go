@@ -229,3 +229,22 @@ func TestDiskFullTmpfs(t *testing.T) {
 	clear(m.dirty)
 	m.check(t, partitionT(t, db, "orders", 0), ids)
 }
+
+func TestCheckSpaceBounds(t *testing.T) {
+	db := &DB{where: "d", batchSize: 1, memTable: 1}
+	for _, tt := range []struct {
+		free uint64
+		need int64
+		ok   bool
+	}{
+		{0, 0, true},
+		{0, 1, false},
+		{99, 100, false},
+		{100, 100, true},
+		{1<<64 - 1, 1 << 40, true}, // no statfs (not Linux): unlimited
+	} {
+		if err := db.checkSpace(tt.free, tt.need); (err == nil) != tt.ok || (err != nil && !errors.Is(err, ErrDiskFull)) {
+			t.Errorf("checkSpace(%d free, %d needed) = %v, want ok %t", tt.free, tt.need, err, tt.ok)
+		}
+	}
+}
