@@ -6,14 +6,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// collector reports the size and caches of the Badger database of one DB,
-// read from its handle at each scrape (Badger's own expvar counters are
-// process-wide; these are the DB's). After Close it reports nothing.
+// collector reports the size and caches of the Badger database of one DB
+// and the free space of its directory, read at each scrape (Badger's own
+// expvar counters are process-wide; these are the DB's). After Close it
+// reports nothing.
 type collector struct {
 	db *DB
 
 	lsmBytes, vlogBytes, levelBytes, levelTables *prometheus.Desc
 	cacheHits, cacheMisses, cacheEvictions       *prometheus.Desc
+	freeBytes, requiredFreeBytes                 *prometheus.Desc
 }
 
 func newCollector(db *DB) *collector {
@@ -30,11 +32,15 @@ func newCollector(db *DB) *collector {
 		cacheMisses: desc("cache_misses_total", "Lookups a Badger cache could not serve.", "cache"),
 		cacheEvictions: desc("cache_evictions_total",
 			"Entries a Badger cache evicted to stay under its size.", "cache"),
+		freeBytes: prometheus.NewDesc("kdedup_store_free_bytes",
+			"Free space the worker may use on the filesystem of the data directory (statfs at scrape).", nil, nil),
+		requiredFreeBytes: prometheus.NewDesc("kdedup_store_required_free_bytes",
+			"Free space a write batch needs in the data directory (the batch, the memtable flushes and a level-0 compaction); below it write batches fail and the worker stops.", nil, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.lsmBytes, c.vlogBytes, c.levelBytes, c.levelTables, c.cacheHits, c.cacheMisses, c.cacheEvictions} {
+	for _, d := range []*prometheus.Desc{c.lsmBytes, c.vlogBytes, c.levelBytes, c.levelTables, c.cacheHits, c.cacheMisses, c.cacheEvictions, c.freeBytes, c.requiredFreeBytes} {
 		ch <- d
 	}
 }
@@ -44,6 +50,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	bdb := c.db.bdb
+	if !c.db.opts.InMemory {
+		if free, err := c.db.tuning.freeBytes(c.db.opts.Dir); err == nil {
+			ch <- prometheus.MustNewConstMetric(c.freeBytes, prometheus.GaugeValue, float64(free))
+		}
+		if !c.db.opts.ReadOnly {
+			ch <- prometheus.MustNewConstMetric(c.requiredFreeBytes, prometheus.GaugeValue, float64(c.db.requiredFreeBytes()))
+		}
+	}
 	lsm, vlog := bdb.Size()
 	ch <- prometheus.MustNewConstMetric(c.lsmBytes, prometheus.GaugeValue, float64(lsm))
 	ch <- prometheus.MustNewConstMetric(c.vlogBytes, prometheus.GaugeValue, float64(vlog))

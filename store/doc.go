@@ -52,4 +52,50 @@
 //
 // Open writes the layout version into an empty database and refuses any
 // other version.
+//
+// # Damage
+//
+// State that may be wrong is never used: Open returns ErrCorrupt, logs it
+// at ERROR and changes nothing in the directory; the error says what is
+// wrong and how to recover (move the directory aside; the state is rebuilt
+// by replaying the input). Before Badger opens the directory, Open reads
+// the MANIFEST and every table it lists in full, verifying each block's
+// checksum, so that a flipped byte, a table cut short (on which Badger
+// panics in a goroutine of its own) or a missing table is refused instead
+// of read. Badger then verifies each block it reads and each value-log
+// entry. Corruption found while running (a page of the wrong length, a
+// failed value checksum) is an ERROR, counts in
+// kdedup_store_corruptions_total, and fails the read. Badger's point
+// lookups skip a table block that fails its checksum while running as if
+// it held no key; such damage, appearing after Open, is caught at the next
+// Open.
+//
+// Table files without a MANIFEST are refused rather than opened: Badger
+// would delete them as orphans and open the memtable logs left, the last
+// write batches without the pages of earlier ones, as if they were the
+// whole state. An empty directory, or one without tables, is a new store.
+//
+// # Free space
+//
+// Badger writes its memtable log and its tables through memory maps of
+// files it sizes without allocating them. When the filesystem runs out of
+// space such a write is not an error but a SIGBUS that kills the process,
+// and again at every restart. So Open and every Commit compare the free
+// space of the filesystem (statfs: blocks available to the process) with
+// what Badger may soon write, and return ErrDiskFull before it writes:
+//
+//   - the write batch itself, in the memtable log;
+//   - the level-0 table of each of the numMemtables memtables, written when
+//     it is flushed (a memtable fills to MemTableSize plus at most one write
+//     batch) before its log is deleted; Close flushes too;
+//   - a compaction of level 0 into the next level holding tables, whose new
+//     tables are all written before the old ones are deleted.
+//
+// Deeper compactions merge one table with the part of the next level it
+// overlaps and can need more, so the metrics kdedup_store_free_bytes and
+// kdedup_store_required_free_bytes are there to alert well before. The
+// value log holds only values of ValueThreshold (1 MiB) or more, and pages
+// are at most MaxPageBytes, so it holds its 20-byte header only: its
+// ValueLogFileSize (1 GiB, mapped at twice that) reserves address space,
+// not disk, and is left at Badger's default.
 package store

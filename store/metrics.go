@@ -17,6 +17,7 @@ type metrics struct {
 	cacheMisses    prometheus.Counter
 	pageReads      prometheus.Counter
 	pagesReclaimed prometheus.Counter
+	corruptions    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, db *DB) *metrics {
@@ -58,6 +59,10 @@ func newMetrics(reg prometheus.Registerer, db *DB) *metrics {
 		pagesReclaimed: f.NewCounter(prometheus.CounterOpts{
 			Name: "kdedup_store_pages_reclaimed_total",
 			Help: "Stored pages deleted because their sub-filter's generation expired (dedup window).",
+		}),
+		corruptions: f.NewCounter(prometheus.CounterOpts{
+			Name: "kdedup_store_corruptions_total",
+			Help: "Corrupt state found while running (a page or record failing its checksum or length check); it is never used and the partition stops. Open refuses a damaged directory before metrics are served.",
 		}),
 	}
 }

@@ -61,14 +61,14 @@ func (p *Partition) load() error {
 		return fmt.Errorf("store: loading %s: %w", p.tp, err)
 	}
 	if hasMeta != hasCP {
-		return fmt.Errorf("store: loading %s: metadata present %t, checkpoint present %t; a write batch writes both: %w",
-			p.tp, hasMeta, hasCP, ErrCorrupt)
+		return p.db.corrupted(fmt.Errorf("store: loading %s: %w", p.tp, corruptError(p.db.where,
+			fmt.Sprintf("metadata present %t, checkpoint present %t; a write batch writes both", hasMeta, hasCP))))
 	}
 	if !hasCP {
 		return nil
 	}
 	if p.cp, err = decodeCheckpoint(cp); err != nil {
-		return fmt.Errorf("store: loading %s: %w", p.tp, err)
+		return p.db.corrupted(fmt.Errorf("store: loading %s: %w; %s", p.tp, err, recoverHint))
 	}
 	p.meta, p.hasCP = meta, true
 	if p.reclaim, err = p.droppedMarkers(); err != nil {
@@ -106,6 +106,10 @@ func (p *Partition) droppedMarkers() ([]uint32, error) {
 // garbage, nothing reads them, and the committed state is unaffected.
 func (p *Partition) deleteDropped() {
 	for len(p.reclaim) > 0 {
+		if err := p.db.checkFreeSpace(); err != nil {
+			// Deletes are writes too; the next Commit reports the shortage.
+			return
+		}
 		sub := p.reclaim[0]
 		n, err := p.deleteSubFilter(sub)
 		if err != nil {
@@ -201,6 +205,10 @@ func (p *Partition) Page(id filter.PageID) ([]byte, error) {
 		return err
 	})
 	if err != nil {
+		if isChecksumError(err) {
+			return nil, p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w",
+				fmtPageID(id), p.tp, corruptError(p.db.where, err.Error())))
+		}
 		return nil, fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, err)
 	}
 	if !found {
@@ -208,8 +216,8 @@ func (p *Partition) Page(id filter.PageID) ([]byte, error) {
 	} else {
 		p.db.metrics.pageReads.Inc()
 		if len(page) != p.db.opts.PageBytes {
-			return nil, fmt.Errorf("store: reading %s of %s: stored page is %d bytes, want %d: %w",
-				fmtPageID(id), p.tp, len(page), p.db.opts.PageBytes, ErrCorrupt)
+			return nil, p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp,
+				corruptError(p.db.where, fmt.Sprintf("stored page is %d bytes, want %d", len(page), p.db.opts.PageBytes))))
 		}
 	}
 	p.db.cache.Add(key, page)
@@ -260,10 +268,13 @@ func (p *Partition) DirtyBytes() int64 {
 // pages become clean cached pages and Meta and Checkpoint return meta and
 // cp. On error nothing changes in memory: the dirty pages stay dirty, Meta
 // and Checkpoint keep their values. The durable state is that of the
-// previous or of this write batch, never a mix. Errors: ErrBatchTooBig when
-// the batch exceeds Badger's transaction limit (the caller let DirtyBytes
-// grow past FlushBytes), ErrCorrupt when a dirty page is not PageBytes long,
-// ErrReadOnly, ErrClosed, or Badger's error.
+// previous or of this write batch, never a mix. Errors: ErrDiskFull when
+// the data directory's filesystem has less free space than the batch, the
+// memtable flushes and a compaction need (checked before Badger writes
+// anything), ErrBatchTooBig when the batch exceeds Badger's transaction
+// limit (the caller let DirtyBytes grow past FlushBytes), ErrCorrupt when a
+// dirty page is not PageBytes long, ErrReadOnly, ErrClosed, or Badger's
+// error.
 func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
 	if p.closed || p.db.closed.Load() {
 		return fmt.Errorf("store: committing a write batch of %s: %w", p.tp, ErrClosed)
@@ -272,7 +283,13 @@ func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
 		return fmt.Errorf("store: committing a write batch of %s: %w", p.tp, ErrReadOnly)
 	}
 	start := time.Now()
-	written, err := p.commit(meta, cp)
+	// Checked before Badger sees the batch: Badger writes through memory
+	// maps, and a write the filesystem has no room for kills the process.
+	err := p.db.checkFreeSpace()
+	var written int64
+	if err == nil {
+		written, err = p.commit(meta, cp)
+	}
 	if err != nil {
 		p.db.metrics.commitErrors.Inc()
 		return fmt.Errorf("store: committing a write batch of %s (%d dirty pages, checkpoint offset %d): %w",

@@ -24,8 +24,16 @@ import (
 // being attempted; test them with errors.Is.
 var (
 	// ErrCorrupt reports state that cannot be right: a page of the wrong
-	// length, an undecodable checkpoint or key, an unknown layout version.
+	// length, an undecodable checkpoint or key, an unknown layout version,
+	// or a damaged directory (a table failing its checksum or cut short, a
+	// value-log file cut short, tables without the MANIFEST that lists
+	// them). The state is never used; the error says how to recover.
 	ErrCorrupt = errors.New("store: corrupt state")
+	// ErrDiskFull is returned by Open and Commit, before Badger writes
+	// anything, when the filesystem of Options.Dir has less free space than
+	// the next write batch, the memtables' flushes and a level-0 compaction
+	// need (kdedup_store_required_free_bytes; see the package comment).
+	ErrDiskFull = errors.New("store: not enough free disk space")
 	// ErrClosed is returned by a DB or Partition used after Close.
 	ErrClosed = errors.New("store: closed")
 	// ErrLocked is returned by Open when another process holds the directory.
@@ -203,6 +211,8 @@ type tuning struct {
 	beforeTxnCommit func(TopicPartition) error
 	// badgerOpen, if set, replaces badger.Open.
 	badgerOpen func(badger.Options) (*badger.DB, error)
+	// freeBytes, if set, replaces the statfs of the data directory.
+	freeBytes func(dir string) (uint64, error)
 }
 
 // DB is the durable state of every topic-partition a worker owns: one Badger
@@ -224,6 +234,8 @@ type DB struct {
 
 	// batchSize and batchCount are the transaction a full write batch needs.
 	batchSize, batchCount int64
+	// memTable is Badger's MemTableSize.
+	memTable int64
 
 	mu     sync.Mutex
 	open   map[TopicPartition]struct{}
@@ -249,9 +261,13 @@ func (tp TopicPartition) String() string { return fmt.Sprintf("%s/%d", tp.Topic,
 
 // Open opens (creating if needed) the store in opts.Dir, or in memory. It
 // writes the layout version into an empty store and refuses a store of
-// another version (ErrCorrupt). It returns ErrLocked when another process
-// holds the directory and ErrInvalidOptions for bad Options. Unless InMemory
-// or ReadOnly, it starts a value-log GC loop (every 5 minutes) that Close
+// another version (ErrCorrupt). Before Badger reads the directory it
+// verifies every table's checksums and refuses damage (ErrCorrupt, logged
+// at ERROR, the files left as they were; see the package comment) and,
+// unless ReadOnly, a filesystem with less free space than a write batch
+// needs (ErrDiskFull). It returns ErrLocked when another process holds the
+// directory and ErrInvalidOptions for bad Options. Unless InMemory or
+// ReadOnly, it starts a value-log GC loop (every 5 minutes) that Close
 // stops.
 func Open(opts Options) (*DB, error) {
 	return open(opts, tuning{gcInterval: gcInterval})
@@ -261,6 +277,9 @@ func open(opts Options, tn tuning) (*DB, error) {
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
+	}
+	if tn.freeBytes == nil {
+		tn.freeBytes = statfsFree
 	}
 	db := &DB{
 		opts:   opts,
@@ -274,24 +293,31 @@ func open(opts Options, tn tuning) (*DB, error) {
 		db.where = "memory"
 	}
 	db.batchSize, db.batchCount = batchLimits(opts.PageBytes, opts.FlushBytes)
+	db.memTable = memTableBytes(db.batchSize)
 	cache, err := lru.New[cacheKey, []byte](int(max(opts.CacheBytes/int64(opts.PageBytes), 1)))
 	if err != nil {
 		return nil, fmt.Errorf("store: creating the page cache: %w", err)
 	}
 	db.cache = cache
 
+	bo := badgerOptions(opts, db.memTable)
+	if !opts.InMemory {
+		if err := db.checkBeforeOpen(bo); err != nil {
+			return nil, db.refused(err)
+		}
+	}
 	bopen := tn.badgerOpen
 	if bopen == nil {
 		bopen = badger.Open
 	}
-	if db.bdb, err = openBadger(bopen, opts, db.where, memTableBytes(db.batchSize)); err != nil {
-		return nil, err
+	if db.bdb, err = openBadger(bopen, bo, opts.Logger, db.where); err != nil {
+		return nil, db.refused(err)
 	}
 	if err := db.checkBatchLimit(); err != nil {
 		return nil, errors.Join(err, db.bdb.Close())
 	}
 	if err := db.checkLayout(); err != nil {
-		return nil, errors.Join(err, db.bdb.Close())
+		return nil, errors.Join(db.refused(err), db.bdb.Close())
 	}
 	// Registered last, so that a failed Open leaves the registry as it was.
 	db.metrics = newMetrics(opts.Registerer, db)
@@ -302,8 +328,10 @@ func open(opts Options, tn tuning) (*DB, error) {
 	return db, nil
 }
 
-func openBadger(bopen func(badger.Options) (*badger.DB, error), opts Options, where string, memTable int64) (*badger.DB, error) {
-	bo := badger.DefaultOptions(opts.Dir).
+// badgerOptions returns the Badger options of a store with opts and a
+// memtable of memTable bytes.
+func badgerOptions(opts Options, memTable int64) badger.Options {
+	return badger.DefaultOptions(opts.Dir).
 		WithInMemory(opts.InMemory).
 		WithReadOnly(opts.ReadOnly).
 		// Pages are fingerprints: random bytes that do not compress.
@@ -312,24 +340,50 @@ func openBadger(bopen func(badger.Options) (*badger.DB, error), opts Options, wh
 		WithMemTableSize(memTable).
 		WithNumMemtables(numMemtables).
 		WithBaseTableSize(baseTableBytes).
+		// Open verifies every table in full (checkDir); Badger verifies each
+		// block it reads from then on, and each value read from the value log.
+		WithChecksumVerificationMode(options.OnBlockRead).
+		WithVerifyValueChecksum(true).
 		// Each key is written by one Partition only and Commit reads nothing,
 		// so there is nothing to conflict with.
 		WithDetectConflicts(false).
 		WithLogger(badgerLogger{opts.Logger.With("component", "badger")})
+}
+
+// checkBeforeOpen refuses a damaged directory (checkDir) and, unless
+// ReadOnly, one without the free space a write batch needs (ErrDiskFull).
+func (db *DB) checkBeforeOpen(bo badger.Options) error {
+	release, err := lockDir(db.opts.Dir, db.opts.ReadOnly)
+	if err != nil {
+		return err
+	}
+	defer release()
+	levels, err := checkDir(db.opts.Dir, bo)
+	if err != nil {
+		return err
+	}
+	if db.opts.ReadOnly {
+		return nil
+	}
+	free, err := freeBytesAt(db.opts.Dir, db.tuning.freeBytes)
+	if err != nil {
+		return fmt.Errorf("store: checking the free space of %s: %w", db.where, err)
+	}
+	return db.checkSpace(free, db.writeReserve()+compactionBytes(levels))
+}
+
+func openBadger(bopen func(badger.Options) (*badger.DB, error), bo badger.Options, logger *slog.Logger, where string) (*badger.DB, error) {
 	bdb, err := bopen(bo)
 	// After a crash the first Open can fail while replaying the memtable
 	// files and the second succeed (badger#2207). Never wipe the directory:
 	// the state is worth more than the time to find out why.
 	if err != nil && strings.Contains(err.Error(), "while opening memtables") {
-		opts.Logger.Warn("badger open failed while opening memtables; retrying once",
+		logger.Warn("badger open failed while opening memtables; retrying once",
 			"dir", where, "err", err)
 		bdb, err = bopen(bo)
 	}
 	if err != nil {
-		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
-			return nil, fmt.Errorf("store: opening badger at %s: %w: %v", where, ErrLocked, err)
-		}
-		return nil, fmt.Errorf("store: opening badger at %s: %w", where, err)
+		return nil, badgerOpenError(where, err)
 	}
 	return bdb, nil
 }

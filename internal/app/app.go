@@ -52,7 +52,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		Registerer: reg,
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("opening the state in KDEDUP_DATA_DIR=%s: %w", cfg.DataDir, err)
 	}
 	defer func() {
 		if err := db.Close(); err != nil {
@@ -124,6 +124,9 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		return w.Run(gctx)
 	})
 	err = g.Wait()
+	if errors.Is(err, store.ErrDiskFull) || errors.Is(err, store.ErrCorrupt) {
+		err = fmt.Errorf("KDEDUP_DATA_DIR=%s: %w", cfg.DataDir, err)
+	}
 	log.Info("stopped", "err", err)
 	return err
 }

@@ -1,0 +1,388 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kdedup/kdedup/filter"
+)
+
+const (
+	damagePageBytes = 4096
+	damagePages     = 600 // 2.4 MiB of pages: a table of several hundred blocks
+)
+
+var damageCheckpoint = Checkpoint{Offset: 600, LeaderEpoch: 3}
+
+// damageState writes one partition of damagePages pages in three write
+// batches and closes the store, which flushes the memtable into a table,
+// and returns the directory.
+func damageState(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	opts := Options{Dir: dir, PageBytes: damagePageBytes, Logger: quiet}
+	db, err := Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := db.Partition("orders", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for stamp := uint64(1); stamp <= 3; stamp++ {
+		for i := range damagePages {
+			id := filter.PageID{Page: uint32(i)}
+			write(t, p, id, pageBytes(damagePageBytes, id, stamp))
+		}
+		if err := p.Commit([]byte("meta"), damageCheckpoint); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// filesWithSuffix returns the paths of dir's files whose names end in suffix.
+func filesWithSuffix(t *testing.T, dir, suffix string) []string {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(dir, "*"+suffix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return paths
+}
+
+// copyDir copies the regular files of src into a new temporary directory.
+func copyDir(t *testing.T, src string) string {
+	t.Helper()
+	dst := t.TempDir()
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dst
+}
+
+// snapshot returns the content of every file of dir but Badger's LOCK.
+func snapshot(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := make(map[string][]byte)
+	for _, e := range entries {
+		if e.Name() == "LOCK" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[e.Name()] = b
+	}
+	return files
+}
+
+// wantRefused opens dir and requires ErrCorrupt with an error that names
+// the directory, says what is wrong (want) and how to recover, an ERROR
+// log line, and the directory left as it was.
+func wantRefused(t *testing.T, dir, want string) {
+	t.Helper()
+	before := snapshot(t, dir)
+	h := &recordingHandler{}
+	for attempt := range 2 { // the refusal holds on the next start too
+		db, err := Open(Options{Dir: dir, PageBytes: damagePageBytes, Logger: slog.New(h)})
+		if err == nil {
+			db.Close()
+			t.Fatalf("Open of a damaged directory (attempt %d) succeeded", attempt+1)
+		}
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Open: %v, want ErrCorrupt", err)
+		}
+		for _, s := range []string{dir, want, "move the data directory aside", "rebuilt by replaying the input"} {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("error %q does not say %q", err, s)
+			}
+		}
+	}
+	var errorLines int
+	for _, r := range h.records {
+		if r.Level == slog.LevelError && strings.Contains(r.Message, "corrupt") {
+			errorLines++
+		}
+	}
+	if errorLines != 2 {
+		t.Errorf("%d ERROR lines about the corrupt state, want 2 (one per Open)", errorLines)
+	}
+	after := snapshot(t, dir)
+	if len(after) != len(before) {
+		t.Errorf("the refused Open changed the files of the directory: %d before, %d after", len(before), len(after))
+	}
+	for name, b := range before {
+		if !bytes.Equal(after[name], b) {
+			t.Errorf("the refused Open changed %s", name)
+		}
+	}
+}
+
+// wantIntact opens dir and requires exactly the state damageState wrote:
+// damage that Open accepts must be damage that changes nothing read.
+func wantIntact(t *testing.T, dir string) {
+	t.Helper()
+	db := openT(t, Options{Dir: dir, PageBytes: damagePageBytes})
+	p := partitionT(t, db, "orders", 1)
+	if cp, ok := p.Checkpoint(); !ok || cp != damageCheckpoint || string(p.Meta()) != "meta" {
+		t.Fatalf("checkpoint %+v, %t, meta %q; want %+v, true, %q", cp, ok, p.Meta(), damageCheckpoint, "meta")
+	}
+	for i := range damagePages {
+		id := filter.PageID{Page: uint32(i)}
+		page, err := p.Page(id)
+		if err != nil {
+			t.Fatalf("Page(%v): %v", id, err)
+		}
+		if !bytes.Equal(page, pageBytes(damagePageBytes, id, 3)) {
+			t.Fatalf("Page(%v) differs from the last write batch's", id)
+		}
+	}
+}
+
+func TestDamagedTableRefused(t *testing.T) {
+	dir := damageState(t)
+	tables := filesWithSuffix(t, dir, ".sst")
+	if len(tables) != 1 {
+		t.Fatalf("%d tables after Close, want 1", len(tables))
+	}
+	info, err := os.Stat(tables[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := info.Size()
+	if size < damagePages*damagePageBytes {
+		t.Fatalf("table is %d bytes, want the pages' %d at least", size, damagePages*damagePageBytes)
+	}
+	name := filepath.Base(tables[0])
+
+	t.Run("16 bytes flipped in the middle", func(t *testing.T) {
+		d := copyDir(t, dir)
+		flip(t, filepath.Join(d, name), size/2, 16)
+		wantRefused(t, d, name+" fails its checksum")
+	})
+	t.Run("16 bytes flipped anywhere", func(t *testing.T) {
+		// Data blocks, their checksums, the index and the footer: a flip
+		// anywhere is refused, or (if Badger never reads those bytes) reads
+		// back the exact state; never a wrong page.
+		rng := rand.New(rand.NewPCG(9, 9))
+		offsets := []int64{0, size - 16, size - 100, size - 4096}
+		for range 8 {
+			offsets = append(offsets, rng.Int64N(size-16))
+		}
+		for _, off := range offsets {
+			t.Run(fmt.Sprint(off), func(t *testing.T) {
+				d := copyDir(t, dir)
+				flip(t, filepath.Join(d, name), off, 16)
+				db, err := Open(Options{Dir: d, PageBytes: damagePageBytes, Logger: quiet})
+				if err == nil {
+					db.Close()
+					wantIntact(t, d)
+					return
+				}
+				if !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("Open: %v, want ErrCorrupt", err)
+				}
+			})
+		}
+	})
+	for _, keep := range []int64{size / 2, size - 3, 0} {
+		t.Run(fmt.Sprintf("cut to %d bytes", keep), func(t *testing.T) {
+			d := copyDir(t, dir)
+			if err := os.Truncate(filepath.Join(d, name), keep); err != nil {
+				t.Fatal(err)
+			}
+			want := name + " is damaged or cut short"
+			if keep == 0 {
+				want = name + " is empty"
+			}
+			wantRefused(t, d, want)
+		})
+	}
+	t.Run("missing", func(t *testing.T) {
+		d := copyDir(t, dir)
+		if err := os.Remove(filepath.Join(d, name)); err != nil {
+			t.Fatal(err)
+		}
+		wantRefused(t, d, name+", listed in the MANIFEST, is missing")
+	})
+	t.Run("undamaged", func(t *testing.T) {
+		wantIntact(t, copyDir(t, dir))
+	})
+}
+
+func TestDamagedValueLogRefused(t *testing.T) {
+	dir := damageState(t)
+	vlogs := filesWithSuffix(t, dir, ".vlog")
+	if len(vlogs) == 0 {
+		t.Fatal("no value-log file")
+	}
+	for _, keep := range []int64{0, vlogHeaderBytes - 1} {
+		t.Run(fmt.Sprintf("cut to %d bytes", keep), func(t *testing.T) {
+			d := copyDir(t, dir)
+			name := filepath.Base(vlogs[0])
+			if err := os.Truncate(filepath.Join(d, name), keep); err != nil {
+				t.Fatal(err)
+			}
+			wantRefused(t, d, fmt.Sprintf("value-log file %s is %d bytes, shorter than its %d-byte header", name, keep, vlogHeaderBytes))
+		})
+	}
+}
+
+func TestLostManifestRefused(t *testing.T) {
+	dir := damageState(t)
+	if err := os.Remove(filepath.Join(dir, badger.ManifestFilename)); err != nil {
+		t.Fatal(err)
+	}
+	wantRefused(t, dir, "the MANIFEST is missing while 1 table files")
+	if n := len(filesWithSuffix(t, dir, ".sst")); n != 1 {
+		t.Errorf("%d tables left, want the 1 there was", n)
+	}
+	t.Run("damaged MANIFEST", func(t *testing.T) {
+		d := damageState(t)
+		flip(t, filepath.Join(d, badger.ManifestFilename), 10, 4)
+		wantRefused(t, d, "the MANIFEST is unreadable")
+	})
+	t.Run("empty directory", func(t *testing.T) {
+		// A directory never written, or wiped: a new store, not damage.
+		db := openT(t, Options{Dir: t.TempDir()})
+		if tps, err := db.Partitions(); err != nil || len(tps) != 0 {
+			t.Errorf("Partitions of a new store = %v, %v", tps, err)
+		}
+	})
+}
+
+// TestBadgerOpenDamage maps the damage Badger reports itself.
+func TestBadgerOpenDamage(t *testing.T) {
+	for _, tt := range []struct {
+		name, msg string
+		corrupt   bool
+	}{
+		{"table checksum", "Opening table: \"000003.sst\" err: failed to verify checksum err: checksum mismatch", true},
+		{"value log", "During db.vlog.open err: Open existing file: \"000001.vlog\" err: Create a new file", true},
+		{"other", "permission denied", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cause := errors.New(tt.msg)
+			tn := tuning{gcInterval: gcInterval, badgerOpen: func(badger.Options) (*badger.DB, error) { return nil, cause }}
+			dir := t.TempDir()
+			_, err := open(Options{Dir: dir, Logger: quiet}, tn)
+			if !errors.Is(err, cause) || errors.Is(err, ErrCorrupt) != tt.corrupt {
+				t.Fatalf("Open: %v; want it to wrap the cause, ErrCorrupt %t", err, tt.corrupt)
+			}
+			if tt.corrupt && !strings.Contains(err.Error(), recoverHint) {
+				t.Errorf("error %q does not say how to recover", err)
+			}
+		})
+	}
+}
+
+// TestCorruptionCounted: corruption found while running is an ERROR line
+// and counts in kdedup_store_corruptions_total.
+func TestCorruptionCounted(t *testing.T) {
+	const pb = 64
+	h := &recordingHandler{}
+	reg := prometheus.NewRegistry()
+	db := openT(t, Options{InMemory: true, PageBytes: pb, FlushBytes: smallFlush, Registerer: reg, Logger: slog.New(h)})
+	id := filter.PageID{Page: 1}
+	if err := db.bdb.Update(func(txn *badger.Txn) error {
+		return txn.Set(pageKey(partitionPrefix("orders", 0), id), make([]byte, pb+1))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := partitionT(t, db, "orders", 0)
+	for range 2 {
+		if _, err := p.Page(id); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), recoverHint) {
+			t.Fatalf("Page: %v, want ErrCorrupt saying how to recover", err)
+		}
+	}
+	var m dto.Metric
+	if err := db.metrics.corruptions.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != 2 {
+		t.Errorf("kdedup_store_corruptions_total = %v, want 2", got)
+	}
+	var errorLines int
+	for _, r := range h.records {
+		if r.Level == slog.LevelError {
+			errorLines++
+		}
+	}
+	if errorLines != 2 {
+		t.Errorf("%d ERROR lines, want 2", errorLines)
+	}
+}
+
+// flip inverts n bytes of the file at path from offset off.
+func flip(t *testing.T, path string, off int64, n int) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		b[i] ^= 0xff
+	}
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLockedBeforeDamage: a directory another process has open is
+// ErrLocked, whatever its files look like meanwhile, and is not read.
+func TestLockedBeforeDamage(t *testing.T) {
+	dir := damageState(t)
+	openT(t, Options{Dir: dir, PageBytes: damagePageBytes})
+	// What a reader could see while the writer rewrites its MANIFEST.
+	manifest := filepath.Join(dir, badger.ManifestFilename)
+	if err := os.Rename(manifest, manifest+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Rename(manifest+".moved", manifest)
+	for _, readOnly := range []bool{false, true} {
+		db, err := Open(Options{Dir: dir, PageBytes: damagePageBytes, ReadOnly: readOnly, Logger: quiet})
+		if err == nil {
+			db.Close()
+			t.Fatalf("Open (read-only %t) of a directory in use succeeded", readOnly)
+		}
+		if !errors.Is(err, ErrLocked) || errors.Is(err, ErrCorrupt) {
+			t.Errorf("Open (read-only %t) of a directory in use: %v, want ErrLocked", readOnly, err)
+		}
+	}
+}
