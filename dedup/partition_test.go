@@ -1,9 +1,11 @@
 package dedup
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -608,5 +610,46 @@ func TestDecisionString(t *testing.T) {
 				t.Errorf("Decision(%d).String() = %q, want %q", uint8(tc.d), got, tc.want)
 			}
 		})
+	}
+}
+
+// TestDecideHostileJSON decides records whose values are beyond the JSON
+// key limits, among them the twenty megabytes of nested arrays that
+// overflowed the stack: each is Unkeyed (forwarded, counted) with the reason
+// in LastKeyError, and the records around them are decided as usual.
+func TestDecideHostileJSON(t *testing.T) {
+	key, err := ParseKey("json:id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	db := openDB(t, "", store.Options{})
+	p := openPartition(t, db, "in", 0, Options{Key: key, Filter: smallChain}, NewMetrics(reg))
+	defer p.Close()
+	deep := slices.Concat(bytes.Repeat([]byte("["), 10_000_000), bytes.Repeat([]byte("]"), 10_000_000))
+	for i, tc := range []struct {
+		value  []byte
+		want   Decision
+		reason string
+	}{
+		{[]byte(`{"id":"a"}`), Forward, ""},
+		{deep, Unkeyed, "more than the"},
+		{deep[9_999_000:10_001_000], Unkeyed, "deeper than"},
+		{slices.Concat([]byte(`{"id":"a","d":`), deep[9_000_000:11_000_000], []byte(`}`)), Unkeyed, "deeper than"},
+		{[]byte(`{"id":"a"}`), Duplicate, ""},
+	} {
+		got, err := p.Decide(&kgo.Record{Value: tc.value, Offset: int64(i)})
+		if err != nil || got != tc.want {
+			t.Fatalf("offset %d: Decide = %v, %v; want %v", i, got, err, tc.want)
+		}
+		if tc.want == Unkeyed && (!errors.Is(p.LastKeyError(), ErrNoKey) || !strings.Contains(p.LastKeyError().Error(), tc.reason)) {
+			t.Errorf("offset %d: LastKeyError = %v, want ErrNoKey saying %q", i, p.LastKeyError(), tc.reason)
+		}
+	}
+	if err := p.Commit(store.Checkpoint{Offset: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if got := counterValue(t, reg, "kdedup_unkeyed_records_total", "in", "0"); got != 3 {
+		t.Errorf("kdedup_unkeyed_records_total = %g, want 3", got)
 	}
 }
