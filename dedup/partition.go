@@ -88,6 +88,13 @@ type Options struct {
 	// than MaxOccurrences times. The limit may change between runs over
 	// the same state: deletes remove every copy whatever the limit was.
 	MaxOccurrences int
+	// HashSeed, when not zero, is the filter's hash seed for a partition
+	// whose state is created by Open (none stored): for tests and
+	// benchmarks that compare state bytes across runs. The zero value
+	// (default) draws a secret seed per topic-partition from crypto/rand
+	// (filter.New), so that keys colliding in the filter cannot be computed
+	// from outside; stored state keeps the seed it was created with.
+	HashSeed filter.Seed
 	// Refresh, with a dedup window (Filter.Window), re-remembers a key each
 	// time one of its records is dropped (sliding expiry, like Flink's
 	// state TTL updated on read and write, or Vector's dedupe refresh): the
@@ -148,7 +155,9 @@ type tally struct {
 
 // Open opens the state of topic/partition in db, or starts an empty filter
 // when there is none. It returns filter.ErrParams (wrapped) when the stored
-// state was written with other filter parameters or format version, and
+// state was written with other filter parameters, another dedup key spec
+// (opts.Key, stored in the chain metadata: the fingerprints of keys derived
+// one way match nothing derived another) or another format version, and
 // store or filter corruption errors as they are: state is never wiped.
 // It returns ErrOptions (wrapped) when opts are out of range.
 // m may be shared by every Partition of the process; nil means unregistered
@@ -167,7 +176,24 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 		overlay = filter.NewOverlay(st)
 		pager = overlay
 	}
-	chain, err := filter.Open(st.Meta(), opts.Filter, pager)
+	opts.Filter.KeySpec = opts.Key.String()
+	var chain *filter.Chain
+	switch meta := st.Meta(); {
+	case len(meta) == 0 && opts.HashSeed != (filter.Seed{}):
+		chain, err = filter.NewWithSeed(opts.Filter, opts.HashSeed, pager)
+	case len(meta) == 0:
+		chain, err = filter.New(opts.Filter, pager)
+	default:
+		// The key spec first, by the variable's name: it is the parameter
+		// an operator changes on purpose. Undecodable metadata is left to
+		// filter.Open to report.
+		if stored, derr := filter.DecodeMeta(meta); derr == nil && stored.Params.KeySpec != opts.Filter.KeySpec {
+			err = fmt.Errorf("%w: dedup key KDEDUP_KEY stored %q, configured %q (move the data directory aside to rebuild the state with the new key)",
+				filter.ErrParams, stored.Params.KeySpec, opts.Filter.KeySpec)
+			break
+		}
+		chain, err = filter.Open(meta, opts.Filter, pager)
+	}
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("opening filter of %s/%d: %w", topic, partition, err)

@@ -653,3 +653,113 @@ func TestDecideHostileJSON(t *testing.T) {
 		t.Errorf("kdedup_unkeyed_records_total = %g, want 3", got)
 	}
 }
+
+// TestOpenRefusesOtherKey: the key spec is stored with the filter
+// parameters, and state written under one KDEDUP_KEY is refused under
+// another, naming the variable and both values, as changed filter
+// parameters are; the same spec, however spelled, opens it.
+func TestOpenRefusesOtherKey(t *testing.T) {
+	mustKey := func(spec string) Key {
+		k, err := ParseKey(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	for _, tc := range []struct {
+		stored, configured string
+		refused            bool
+	}{
+		{"json:id", "key", true},
+		{"key", "header:x-id", true},
+		{"header:x-id", "header:x-Id", true},
+		{"json:user.id", "json:user.id", false},
+		{"", "key", false}, // the default spelled out
+	} {
+		t.Run(tc.stored+" then "+tc.configured, func(t *testing.T) {
+			const topic, partition = "orders", 3
+			db := openDB(t, "", store.Options{})
+			p := openPartition(t, db, topic, partition, Options{Key: mustKey(tc.stored), Filter: smallChain}, nil)
+			if _, err := p.Decide(&kgo.Record{Key: []byte("k"), Value: []byte(`{"id":"k","user":{"id":"k"}}`), Headers: []kgo.RecordHeader{{Key: "x-id", Value: []byte("k")}}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Commit(store.Checkpoint{Offset: 1}); err != nil {
+				t.Fatal(err)
+			}
+			p.Close()
+			m, err := filter.DecodeMeta(p.state.Meta())
+			if err != nil || m.Params.KeySpec != mustKey(tc.stored).String() {
+				t.Fatalf("stored key spec %q, %v; want %q", m.Params.KeySpec, err, mustKey(tc.stored).String())
+			}
+
+			p, err = Open(db, topic, partition, Options{Key: mustKey(tc.configured), Filter: smallChain}, nil)
+			if !tc.refused {
+				if err != nil {
+					t.Fatalf("Open with the same key: %v", err)
+				}
+				p.Close()
+				return
+			}
+			if err == nil {
+				p.Close()
+				t.Fatal("Open with another key succeeded")
+			}
+			want := fmt.Sprintf("dedup key KDEDUP_KEY stored %q, configured %q", mustKey(tc.stored).String(), mustKey(tc.configured).String())
+			if !errors.Is(err, filter.ErrParams) || !IsStateError(err) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "orders/3") {
+				t.Fatalf("Open: %v; want filter.ErrParams naming orders/3 and saying %q", err, want)
+			}
+		})
+	}
+}
+
+// TestHashSeedPerPartition: each new partition state gets its own secret
+// hash seed, kept in its committed metadata and used again when the state
+// is reopened; Options.HashSeed fixes it for a new state only.
+func TestHashSeedPerPartition(t *testing.T) {
+	dir := t.TempDir()
+	db := openDB(t, dir, store.Options{})
+	seeds := map[filter.Seed]bool{}
+	for part := range int32(3) {
+		p := openPartition(t, db, "in", part, Options{Filter: smallChain}, nil)
+		(&decider{t: t, p: p}).expect(Forward, put, "a", "b")
+		if err := p.Commit(store.Checkpoint{Offset: 2}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := filter.DecodeMeta(p.state.Meta())
+		p.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seeds[m.Seed] || m.Seed == (filter.Seed{}) {
+			t.Fatalf("partition %d: seed %v is zero or another partition's", part, m.Seed)
+		}
+		seeds[m.Seed] = true
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db = openDB(t, dir, store.Options{})
+	fixed := filter.Seed{K0: 1, K1: 2}
+	for part := range int32(3) {
+		// HashSeed does not replace a stored seed.
+		p := openPartition(t, db, "in", part, Options{Filter: smallChain, HashSeed: fixed}, nil)
+		(&decider{t: t, p: p, off: 2}).expect(Duplicate, put, "a", "b")
+		(&decider{t: t, p: p, off: 4}).expect(Forward, put, "c")
+		if err := p.Commit(store.Checkpoint{Offset: 5}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := filter.DecodeMeta(p.state.Meta())
+		p.Close()
+		if err != nil || !seeds[m.Seed] {
+			t.Fatalf("partition %d: seed %v after reopening, %v; want its first", part, m.Seed, err)
+		}
+	}
+	p := openPartition(t, db, "in", 9, Options{Filter: smallChain, HashSeed: fixed}, nil)
+	defer p.Close()
+	if err := p.Commit(store.Checkpoint{Offset: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := filter.DecodeMeta(p.state.Meta()); err != nil || m.Seed != fixed {
+		t.Fatalf("new state with HashSeed: seed %v, %v; want %v", m.Seed, err, fixed)
+	}
+}
