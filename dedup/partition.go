@@ -150,7 +150,7 @@ type Partition struct {
 
 // tally counts decisions not yet added to the metrics.
 type tally struct {
-	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired int
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full int
 }
 
 // Open opens the state of topic/partition in db, or starts an empty filter
@@ -209,8 +209,17 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 
 // Decide decides record r (which must be the next record of the partition in
 // offset order) and applies it to the filter. The error is non-nil only when
-// the state cannot be read or grown (storage errors, filter.ErrFull): the
-// partition must then stop without committing, since the decision is unknown.
+// the state cannot be read or written (storage errors): the partition must
+// then stop without committing, since the decision is unknown.
+//
+// A full chain is not an error: when the generation a key goes to already
+// has filter.MaxSubFilters sub-filters and none can take it (reachable with
+// Filter.Expansion 1), the record is decided as if the key were not
+// remembered, a new key is forwarded and its repeats will be forwarded
+// too, and it is counted in kdedup_filter_full_records_total. A record is
+// never lost and the partition never stops on one; kdedup_filter_near_full
+// warns a sub-filter before. A failed refresh of a dropped record's key
+// counts the same and leaves the key where it was.
 func (p *Partition) Decide(r *kgo.Record) (Decision, error) {
 	d, err := p.decide(r)
 	if err == nil {
@@ -261,13 +270,13 @@ func (p *Partition) decide(r *kgo.Record) (Decision, error) {
 			return OverLimit, p.refresh(r, key, ts)
 		}
 		if err := p.chain.AddAt(key, ts); err != nil {
-			return Forward, p.wrap(r, err)
+			return Forward, p.full(r, err)
 		}
 		return Forward, nil
 	}
 	added, err := p.chain.InsertAt(key, ts)
 	if err != nil {
-		return Forward, p.wrap(r, err)
+		return Forward, p.full(r, err)
 	}
 	if !added {
 		return Duplicate, p.refresh(r, key, ts)
@@ -282,9 +291,20 @@ func (p *Partition) refresh(r *kgo.Record, key []byte, ts int64) error {
 		return nil
 	}
 	if _, err := p.chain.Refresh(key, ts); err != nil {
-		return p.wrap(r, err)
+		return p.full(r, err)
 	}
 	return nil
+}
+
+// full absorbs filter.ErrFull, which left the filter as it was: the key is
+// not (re)remembered and the record counts in
+// kdedup_filter_full_records_total. Other errors are wrapped for Decide.
+func (p *Partition) full(r *kgo.Record, err error) error {
+	if errors.Is(err, filter.ErrFull) {
+		p.tally.full++
+		return nil
+	}
+	return p.wrap(r, err)
 }
 
 // deleteAll removes every copy of key's fingerprint and returns how many it
@@ -353,7 +373,7 @@ func (p *Partition) publish(force bool) {
 	}{
 		{t.consumed, m.consumed}, {t.forwarded, m.forwarded}, {t.duplicates, m.duplicates},
 		{t.overLimit, m.overLimit}, {t.deletes, m.deletes}, {t.deletesMissing, m.deletesMissing},
-		{t.unkeyed, m.unkeyed}, {t.replayed, m.replayed}, {t.expired, m.expired},
+		{t.unkeyed, m.unkeyed}, {t.replayed, m.replayed}, {t.expired, m.expired}, {t.full, m.full},
 	} {
 		if c.n != 0 {
 			c.c.Add(float64(c.n))

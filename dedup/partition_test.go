@@ -763,3 +763,75 @@ func TestHashSeedPerPartition(t *testing.T) {
 		t.Fatalf("new state with HashSeed: seed %v, %v; want %v", m.Seed, err, fixed)
 	}
 }
+
+// TestFullChainForwardsAndCounts fills a chain of one-page sub-filters
+// with Expansion 1 and one eviction a walk until its 64 sub-filters refuse
+// keys (filter.ErrFull, which used to fail the record on every restart):
+// from then on such keys are forwarded without an error, counted in
+// kdedup_filter_full_records_total, and forwarded again when repeated;
+// keys remembered before stay duplicates, and the state commits.
+func TestFullChainForwardsAndCounts(t *testing.T) {
+	for _, maxOcc := range []int{1, 3} {
+		t.Run(fmt.Sprintf("max occurrences %d", maxOcc), func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			db := openDB(t, "", store.Options{PageBytes: 512})
+			fp := filter.Params{FingerprintBits: 16, Capacity: 1, PageBytes: 512, MaxKicks: 1, Expansion: 1}
+			p := openPartition(t, db, "in", 0, Options{Filter: fp, MaxOccurrences: maxOcc}, NewMetrics(reg))
+			defer p.Close()
+			off := int64(0)
+			decide := func(k string) Decision {
+				t.Helper()
+				d, err := p.Decide(&kgo.Record{Key: []byte(k), Value: []byte("v"), Offset: off})
+				if err != nil {
+					t.Fatalf("offset %d: Decide(%s): %v", off, k, err)
+				}
+				off++
+				return d
+			}
+			// Each new key is decided maxOcc+1 times: a key the chain
+			// remembered is forwarded maxOcc times, then dropped; one it
+			// could not remember at all is forwarded every time.
+			var remembered []string
+			refused, wantFull := 0, 0
+			for i := 0; refused < 50; i++ {
+				k := fmt.Sprintf("k%d", i)
+				before := p.Stats().Items
+				if got := decide(k); got != Forward {
+					continue // a false positive of a crowded filter
+				}
+				if p.Stats().Items > before {
+					for range maxOcc {
+						decide(k) // later copies may or may not fit
+					}
+					remembered = append(remembered, k)
+					continue
+				}
+				refused++
+				wantFull++
+				for n := range maxOcc {
+					if got := decide(k); got != Forward {
+						t.Fatalf("%s: record %d of a key the full chain refused decided %v, want Forward", k, n+2, got)
+					}
+					wantFull++
+				}
+			}
+			if st := p.Stats(); st.SubFilters != filter.MaxSubFilters || !st.NearFull {
+				t.Fatalf("%d sub-filters (near full %v), want %d", st.SubFilters, st.NearFull, filter.MaxSubFilters)
+			}
+			if maxOcc == 1 {
+				for _, k := range remembered {
+					if got := decide(k); got != Duplicate {
+						t.Fatalf("%s, remembered before the chain filled, decided %v", k, got)
+					}
+				}
+			}
+			if err := p.Commit(store.Checkpoint{Offset: off}); err != nil {
+				t.Fatal(err)
+			}
+			got := counterValue(t, reg, "kdedup_filter_full_records_total", "in", "0")
+			if maxOcc == 1 && got != float64(wantFull) || got < float64(wantFull) {
+				t.Errorf("kdedup_filter_full_records_total = %g, want %d", got, wantFull)
+			}
+		})
+	}
+}

@@ -632,7 +632,8 @@ func (c *Chain) AddAt(key []byte, ts int64) error {
 // reports whether a copy moved. Like Delete it may move another key's
 // matching fingerprint instead (probability about the false-positive
 // rate), which only keeps that key longer. Without a window it does
-// nothing.
+// nothing. When the generation of ts is full it returns ErrFull and leaves
+// the copy where it was.
 func (c *Chain) Refresh(key []byte, ts int64) (bool, error) {
 	if c.span == 0 {
 		return false, nil
@@ -648,9 +649,19 @@ func (c *Chain) Refresh(key []byte, ts int64) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if removed {
-			return true, c.addHash(h, gen)
+		if !removed {
+			continue
 		}
+		err = c.addHash(h, gen)
+		if errors.Is(err, ErrFull) {
+			// Put the copy back in the slot it just left, so that a
+			// full generation leaves the key remembered where it was.
+			if ok, perr := c.place(h, s); perr != nil || !ok {
+				return false, fmt.Errorf("%w: restoring a copy after %w", ErrCorrupt, err)
+			}
+			return false, err
+		}
+		return err == nil, err
 	}
 	return false, nil
 }
