@@ -48,12 +48,15 @@ func FuzzDecodeMeta(f *testing.F) {
 //   - on a page of the right length, a key just inserted is contained and
 //     Count is at least 1 (no false negative even over garbage).
 func FuzzPage(f *testing.F) {
-	f.Add(make([]byte, 512), []byte("key"))
-	f.Add(bytes.Repeat([]byte{0xff}, 512), []byte("k"))
-	f.Add([]byte{1, 2, 3}, []byte("k"))
-	f.Fuzz(func(t *testing.T, page []byte, k []byte) {
+	f.Add(make([]byte, 512), []byte("key"), uint64(0))
+	f.Add(bytes.Repeat([]byte{0xff}, 512), []byte("k"), uint64(1))
+	f.Add([]byte{1, 2, 3}, []byte("k"), uint64(2))
+	f.Fuzz(func(t *testing.T, page []byte, k []byte, seed uint64) {
+		// The chain writes into the page, and the fuzzing engine's inputs
+		// must not be modified (k may share their memory).
+		page, k = bytes.Clone(page), bytes.Clone(k)
 		pager := &fixedPager{page: page}
-		c, err := New(Params{Capacity: 1, PageBytes: 512, MaxKicks: 20}, pager)
+		c, err := NewWithSeed(Params{Capacity: 1, PageBytes: 512, MaxKicks: 20}, Seed{K0: seed, K1: ^seed}, pager)
 		if err != nil {
 			t.Fatal(err)
 		}
