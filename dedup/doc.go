@@ -16,6 +16,13 @@
 // and later ones are over the limit (dropped) until a delete removes every
 // copy of the key.
 //
+// Hostile input cannot stop a partition: a JSON value beyond MaxJSONBytes or
+// MaxJSONDepth is unkeyed, and a key that a full chain cannot place is
+// forwarded without being remembered and counted
+// (kdedup_filter_full_records_total). Each partition's filter hashes with
+// its own secret seed, so keys colliding with another's cannot be computed
+// from outside.
+//
 // dedup does no network I/O; package consumer feeds it records and produces
 // what it forwards.
 package dedup

@@ -10,9 +10,27 @@ import (
 )
 
 // ErrNoKey is wrapped by KeyFunc errors: the record carries no usable dedup
-// key (no record key, a missing header, a value that is not JSON or lacks
-// the path). Such records are forwarded unchanged and counted, never dropped.
+// key (no record key, a missing header, a value that is not JSON, lacks the
+// path, or is beyond MaxJSONBytes or MaxJSONDepth). Such records are
+// forwarded unchanged and counted, never dropped.
 var ErrNoKey = errors.New("dedup: record cannot be keyed")
+
+// Limits of json:PATH key extraction. A record value beyond either has no
+// key (ErrNoKey): it is forwarded unchanged and counted as unkeyed, so that
+// no record can make extraction take more than linear time and a bounded
+// stack. gjson validates and walks nested values recursively: a value of
+// ten million '[' overflowed the goroutine stack (a fatal error, not a
+// recoverable panic) and ten megabytes of them took 1 GB of stack.
+const (
+	// MaxJSONBytes is the largest record value, in bytes, a JSON key is
+	// read from (8 MiB, eight times Kafka's default max.message.bytes).
+	MaxJSONBytes = 8 << 20
+	// MaxJSONDepth is the deepest nesting of arrays and objects a JSON key
+	// is read from: {"id":1} is depth 1. 512 is well past real documents
+	// (serde_json stops at 128, Ruby's JSON at 100) and keeps gjson's
+	// recursion within a few hundred kilobytes of stack.
+	MaxJSONDepth = 512
+)
 
 // Key derives the dedup key of a record. A Key is immutable and safe for
 // concurrent use. The zero Key uses the record key.
@@ -81,6 +99,12 @@ func (k Key) Of(r *kgo.Record) ([]byte, error) {
 		if r.Value == nil {
 			return nil, fmt.Errorf("%w: null value has no JSON path %q", ErrNoKey, k.arg)
 		}
+		if len(r.Value) > MaxJSONBytes {
+			return nil, fmt.Errorf("%w: value is %d bytes, more than the %d a JSON key is read from", ErrNoKey, len(r.Value), MaxJSONBytes)
+		}
+		if !jsonDepthAtMost(r.Value, MaxJSONDepth) {
+			return nil, fmt.Errorf("%w: value nests arrays and objects deeper than %d levels", ErrNoKey, MaxJSONDepth)
+		}
 		if !gjson.ValidBytes(r.Value) {
 			return nil, fmt.Errorf("%w: value is not valid JSON", ErrNoKey)
 		}
@@ -102,4 +126,40 @@ func (k Key) Of(r *kgo.Record) ([]byte, error) {
 		return nil, fmt.Errorf("%w: record has no key", ErrNoKey)
 	}
 	return r.Key, nil
+}
+
+// jsonDepthAtMost reports whether the arrays and objects of b, counted
+// outside strings, nest at most limit deep. It is one iterative pass that
+// allocates nothing, run before gjson's recursive validator, whose depth
+// on any input (valid or not) is at most the depth counted here: gjson
+// stops at the first byte that breaks the grammar, and up to that byte its
+// brackets and strings are the ones counted. Bytes that are not JSON are
+// left to gjson to refuse.
+func jsonDepthAtMost(b []byte, limit int) bool {
+	depth, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++ // the escaped byte cannot end the string
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '[', '{':
+			if depth++; depth > limit {
+				return false
+			}
+		case ']', '}':
+			if depth > 0 { // an unmatched close: gjson refuses it
+				depth--
+			}
+		}
+	}
+	return true
 }

@@ -3,6 +3,9 @@ package dedup
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -144,8 +147,10 @@ func TestKeyOf(t *testing.T) {
 //     error wrapping ErrNoKey;
 //   - record-key mode returns the record key; header mode returns the value
 //     of the first header with that name;
-//   - JSON mode keys only valid, non-nil values, and a key it returns equals
-//     gjson.GetBytes(value, path): Str for a string, Raw otherwise.
+//   - JSON mode keys only valid, non-nil values of at most MaxJSONBytes
+//     nested at most MaxJSONDepth deep (as gjson parses them), and a key it
+//     returns equals gjson.GetBytes(value, path): Str for a string, Raw
+//     otherwise.
 func FuzzKeyOf(f *testing.F) {
 	f.Add(uint8(0), "", []byte("k"), "x-id", []byte("h"), []byte("v"))
 	f.Add(uint8(1), "x-id", []byte(nil), "x-id", []byte("h"), []byte(nil))
@@ -158,6 +163,10 @@ func FuzzKeyOf(f *testing.F) {
 	f.Add(uint8(2), "#", []byte(nil), "", []byte(nil), []byte(`[1,2]`))
 	f.Add(uint8(2), "a|@reverse", []byte(nil), "", []byte(nil), []byte(`{"a":[1,2]}`))
 	f.Add(uint8(2), "id", []byte(nil), "", []byte(nil), []byte(`{"id":`))
+	// Nested one level past MaxJSONDepth, valid JSON otherwise.
+	f.Add(uint8(2), "0", []byte(nil), "", []byte(nil), deepJSON(MaxJSONDepth+1))
+	f.Add(uint8(2), "id", []byte(nil), "", []byte(nil), []byte(`{"id":"[[[","x":"\\\"{{"}`))
+	f.Add(uint8(2), "id", []byte(nil), "", []byte(nil), []byte(`]]]]{"id":1}`))
 	f.Fuzz(func(t *testing.T, mode uint8, arg string, key []byte, hname string, hvalue, value []byte) {
 		var spec string
 		switch mode % 3 {
@@ -228,6 +237,9 @@ func FuzzKeyOf(f *testing.F) {
 			if value == nil || !gjson.ValidBytes(value) {
 				t.Fatalf("JSON mode: Of = %q for value %q, which is not valid JSON", got, value)
 			}
+			if len(value) > MaxJSONBytes || gjsonDepth(gjson.ParseBytes(value)) > MaxJSONDepth {
+				t.Fatalf("JSON mode: Of = %q for a value beyond the limits (%d bytes, depth %d)", got, len(value), gjsonDepth(gjson.ParseBytes(value)))
+			}
 			v := gjson.GetBytes(value, arg)
 			want := v.Raw
 			if v.Type == gjson.String {
@@ -238,4 +250,96 @@ func FuzzKeyOf(f *testing.F) {
 			}
 		}
 	})
+}
+
+// deepJSON returns depth nested arrays holding the string "x", the depth
+// MaxJSONDepth counts.
+func deepJSON(depth int) []byte {
+	return slices.Concat(bytes.Repeat([]byte("["), depth), []byte(`"x"`), bytes.Repeat([]byte("]"), depth))
+}
+
+// gjsonDepth is the nesting depth of v as gjson parses it: the model the
+// iterative scan before gjson must agree with.
+func gjsonDepth(v gjson.Result) int {
+	if !v.IsArray() && !v.IsObject() {
+		return 0
+	}
+	d := 0
+	v.ForEach(func(_, e gjson.Result) bool {
+		d = max(d, gjsonDepth(e))
+		return true
+	})
+	return d + 1
+}
+
+// TestKeyOfJSONLimits checks the bounds of JSON key extraction: values
+// nested deeper than MaxJSONDepth or larger than MaxJSONBytes have no key,
+// with a reason naming the limit, and values at the limits key as usual.
+// The deep value is the one that overflowed the stack: ten million '['
+// then ten million ']'.
+func TestKeyOfJSONLimits(t *testing.T) {
+	// {"id":"k1","d":[[...]]}: depth n counting the outer object.
+	nested := func(n int) []byte {
+		return slices.Concat([]byte(`{"id":"k1","d":`), deepJSON(n-1), []byte(`}`))
+	}
+	padded := func(n int) []byte { // {"id":"k1"} padded with spaces to n bytes
+		v := []byte(`{"id":"k1"}`)
+		return append(v, bytes.Repeat([]byte(" "), n-len(v))...)
+	}
+	bomb := slices.Concat(bytes.Repeat([]byte("["), 10_000_000), bytes.Repeat([]byte("]"), 10_000_000))
+	for _, tc := range []struct {
+		name    string
+		value   []byte
+		path    string
+		want    string // "" means ErrNoKey with reason
+		reason  string
+		inDepth bool // the model depth of value, checked against gjson's
+	}{
+		{name: "at the depth limit", value: nested(MaxJSONDepth), path: "id", want: "k1", inDepth: true},
+		{name: "key at the deepest level", value: deepJSON(MaxJSONDepth), path: strings.Repeat("0.", MaxJSONDepth-1) + "0", want: "x", inDepth: true},
+		{name: "one level past the limit", value: nested(MaxJSONDepth + 1), path: "id", reason: fmt.Sprintf("deeper than %d levels", MaxJSONDepth)},
+		{name: "brackets in strings do not count", value: slices.Concat([]byte(`{"id":"k1","s":"`), bytes.Repeat([]byte(`[\"{`), MaxJSONDepth), []byte(`"}`)), path: "id", want: "k1", inDepth: true},
+		{name: "2 MB of nesting", value: bomb[10_000_000-1_000_000 : 10_000_000+1_000_000], path: "0", reason: "deeper than"},
+		{name: "20 MB of nesting", value: bomb, path: "0", reason: fmt.Sprintf("more than the %d", MaxJSONBytes)},
+		{name: "at the size limit", value: padded(MaxJSONBytes), path: "id", want: "k1"},
+		{name: "one byte past the size limit", value: padded(MaxJSONBytes + 1), path: "id", reason: fmt.Sprintf("is %d bytes, more than the %d", MaxJSONBytes+1, MaxJSONBytes)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.inDepth {
+				if d := gjsonDepth(gjson.ParseBytes(tc.value)); d > MaxJSONDepth {
+					t.Fatalf("test value has depth %d as gjson parses it", d)
+				}
+			}
+			k, err := ParseKey("json:" + tc.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := k.Of(&kgo.Record{Value: tc.value})
+			if tc.want != "" {
+				if err != nil || string(got) != tc.want {
+					t.Fatalf("Of = %q, %v; want %q", got, err, tc.want)
+				}
+				return
+			}
+			if !errors.Is(err, ErrNoKey) || got != nil || !strings.Contains(err.Error(), tc.reason) {
+				t.Fatalf("Of = %q, %v; want ErrNoKey saying %q", got, err, tc.reason)
+			}
+		})
+	}
+}
+
+func TestJSONDepthAtMost(t *testing.T) {
+	for _, tc := range []struct {
+		in    string
+		depth int // the least limit it passes
+	}{
+		{``, 0}, {`1`, 0}, {`"[{"`, 0}, {`[]`, 1}, {`{"a":[{}]}`, 3},
+		{`["\"[", [1]]`, 2}, {`["\\", [1]]`, 2}, {`"\\"[[`, 2},
+		{`]]]]]]][[`, 2}, // unmatched closes do not lend depth
+		{`[[[`, 3},       // unclosed opens count
+	} {
+		if !jsonDepthAtMost([]byte(tc.in), tc.depth) || (tc.depth > 0 && jsonDepthAtMost([]byte(tc.in), tc.depth-1)) {
+			t.Errorf("%s: depth is not %d", tc.in, tc.depth)
+		}
+	}
 }

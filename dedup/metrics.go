@@ -14,7 +14,7 @@ import (
 // Create one per process with NewMetrics and share it between Partitions;
 // safe for concurrent use.
 type Metrics struct {
-	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired *prometheus.CounterVec
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full *prometheus.CounterVec
 
 	commitSeconds prometheus.Histogram
 
@@ -41,6 +41,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		unkeyed:        counter("kdedup_unkeyed_records_total", "Records without a usable dedup key, forwarded unchanged."),
 		replayed:       counter("kdedup_replayed_records_total", "Records applied to the filter without forwarding, to rebuild or catch up state from the input topic."),
 		expired:        counter("kdedup_filter_generations_expired_total", "Generations dropped because the dedup window passed them (only with WINDOW set)."),
+		full:           counter("kdedup_filter_full_records_total", "Records whose key the chain could not remember because the key's generation holds the maximum of 64 sub-filters; new keys are forwarded and their repeats will be too."),
 		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kdedup_batch_commit_seconds",
 			Help:    "Latency of one write batch (dirty pages, metadata and checkpoint in one Badger transaction).",
@@ -64,8 +65,8 @@ type partitionMetrics struct {
 	m      *Metrics
 	labels []string
 
-	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired prometheus.Counter
-	commitSeconds                                                                                   prometheus.Observer
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full prometheus.Counter
+	commitSeconds                                                                                         prometheus.Observer
 }
 
 // forPartition returns the metrics of topic/partition. targetFPR is the
@@ -87,6 +88,7 @@ func (m *Metrics) forPartition(topic string, partition int32, targetFPR float64)
 		unkeyed:        m.unkeyed.WithLabelValues(l...),
 		replayed:       m.replayed.WithLabelValues(l...),
 		expired:        m.expired.WithLabelValues(l...),
+		full:           m.full.WithLabelValues(l...),
 		commitSeconds:  m.commitSeconds,
 	}
 }

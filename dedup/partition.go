@@ -88,6 +88,13 @@ type Options struct {
 	// than MaxOccurrences times. The limit may change between runs over
 	// the same state: deletes remove every copy whatever the limit was.
 	MaxOccurrences int
+	// HashSeed, when not zero, is the filter's hash seed for a partition
+	// whose state is created by Open (none stored): for tests and
+	// benchmarks that compare state bytes across runs. The zero value
+	// (default) draws a secret seed per topic-partition from crypto/rand
+	// (filter.New), so that keys colliding in the filter cannot be computed
+	// from outside; stored state keeps the seed it was created with.
+	HashSeed filter.Seed
 	// Refresh, with a dedup window (Filter.Window), re-remembers a key each
 	// time one of its records is dropped (sliding expiry, like Flink's
 	// state TTL updated on read and write, or Vector's dedupe refresh): the
@@ -143,12 +150,14 @@ type Partition struct {
 
 // tally counts decisions not yet added to the metrics.
 type tally struct {
-	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired int
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full int
 }
 
 // Open opens the state of topic/partition in db, or starts an empty filter
 // when there is none. It returns filter.ErrParams (wrapped) when the stored
-// state was written with other filter parameters or format version, and
+// state was written with other filter parameters, another dedup key spec
+// (opts.Key, stored in the chain metadata: the fingerprints of keys derived
+// one way match nothing derived another) or another format version, and
 // store or filter corruption errors as they are: state is never wiped.
 // It returns ErrOptions (wrapped) when opts are out of range.
 // m may be shared by every Partition of the process; nil means unregistered
@@ -167,7 +176,24 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 		overlay = filter.NewOverlay(st)
 		pager = overlay
 	}
-	chain, err := filter.Open(st.Meta(), opts.Filter, pager)
+	opts.Filter.KeySpec = opts.Key.String()
+	var chain *filter.Chain
+	switch meta := st.Meta(); {
+	case len(meta) == 0 && opts.HashSeed != (filter.Seed{}):
+		chain, err = filter.NewWithSeed(opts.Filter, opts.HashSeed, pager)
+	case len(meta) == 0:
+		chain, err = filter.New(opts.Filter, pager)
+	default:
+		// The key spec first, by the variable's name: it is the parameter
+		// an operator changes on purpose. Undecodable metadata is left to
+		// filter.Open to report.
+		if stored, derr := filter.DecodeMeta(meta); derr == nil && stored.Params.KeySpec != opts.Filter.KeySpec {
+			err = fmt.Errorf("%w: dedup key KDEDUP_KEY stored %q, configured %q (move the data directory aside to rebuild the state with the new key)",
+				filter.ErrParams, stored.Params.KeySpec, opts.Filter.KeySpec)
+			break
+		}
+		chain, err = filter.Open(meta, opts.Filter, pager)
+	}
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("opening filter of %s/%d: %w", topic, partition, err)
@@ -183,8 +209,17 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 
 // Decide decides record r (which must be the next record of the partition in
 // offset order) and applies it to the filter. The error is non-nil only when
-// the state cannot be read or grown (storage errors, filter.ErrFull): the
-// partition must then stop without committing, since the decision is unknown.
+// the state cannot be read or written (storage errors): the partition must
+// then stop without committing, since the decision is unknown.
+//
+// A full chain is not an error: when the generation a key goes to already
+// has filter.MaxSubFilters sub-filters and none can take it (reachable with
+// Filter.Expansion 1), the record is decided as if the key were not
+// remembered, a new key is forwarded and its repeats will be forwarded
+// too, and it is counted in kdedup_filter_full_records_total. A record is
+// never lost and the partition never stops on one; kdedup_filter_near_full
+// warns a sub-filter before. A failed refresh of a dropped record's key
+// counts the same and leaves the key where it was.
 func (p *Partition) Decide(r *kgo.Record) (Decision, error) {
 	d, err := p.decide(r)
 	if err == nil {
@@ -235,13 +270,13 @@ func (p *Partition) decide(r *kgo.Record) (Decision, error) {
 			return OverLimit, p.refresh(r, key, ts)
 		}
 		if err := p.chain.AddAt(key, ts); err != nil {
-			return Forward, p.wrap(r, err)
+			return Forward, p.full(r, err)
 		}
 		return Forward, nil
 	}
 	added, err := p.chain.InsertAt(key, ts)
 	if err != nil {
-		return Forward, p.wrap(r, err)
+		return Forward, p.full(r, err)
 	}
 	if !added {
 		return Duplicate, p.refresh(r, key, ts)
@@ -256,9 +291,20 @@ func (p *Partition) refresh(r *kgo.Record, key []byte, ts int64) error {
 		return nil
 	}
 	if _, err := p.chain.Refresh(key, ts); err != nil {
-		return p.wrap(r, err)
+		return p.full(r, err)
 	}
 	return nil
+}
+
+// full absorbs filter.ErrFull, which left the filter as it was: the key is
+// not (re)remembered and the record counts in
+// kdedup_filter_full_records_total. Other errors are wrapped for Decide.
+func (p *Partition) full(r *kgo.Record, err error) error {
+	if errors.Is(err, filter.ErrFull) {
+		p.tally.full++
+		return nil
+	}
+	return p.wrap(r, err)
 }
 
 // deleteAll removes every copy of key's fingerprint and returns how many it
@@ -327,7 +373,7 @@ func (p *Partition) publish(force bool) {
 	}{
 		{t.consumed, m.consumed}, {t.forwarded, m.forwarded}, {t.duplicates, m.duplicates},
 		{t.overLimit, m.overLimit}, {t.deletes, m.deletes}, {t.deletesMissing, m.deletesMissing},
-		{t.unkeyed, m.unkeyed}, {t.replayed, m.replayed}, {t.expired, m.expired},
+		{t.unkeyed, m.unkeyed}, {t.replayed, m.replayed}, {t.expired, m.expired}, {t.full, m.full},
 	} {
 		if c.n != 0 {
 			c.c.Add(float64(c.n))

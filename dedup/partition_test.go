@@ -1,9 +1,11 @@
 package dedup
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -606,6 +608,229 @@ func TestDecisionString(t *testing.T) {
 		t.Run(tc.want, func(t *testing.T) {
 			if got := tc.d.String(); got != tc.want {
 				t.Errorf("Decision(%d).String() = %q, want %q", uint8(tc.d), got, tc.want)
+			}
+		})
+	}
+}
+
+// TestDecideHostileJSON decides records whose values are beyond the JSON
+// key limits, among them the twenty megabytes of nested arrays that
+// overflowed the stack: each is Unkeyed (forwarded, counted) with the reason
+// in LastKeyError, and the records around them are decided as usual.
+func TestDecideHostileJSON(t *testing.T) {
+	key, err := ParseKey("json:id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	db := openDB(t, "", store.Options{})
+	p := openPartition(t, db, "in", 0, Options{Key: key, Filter: smallChain}, NewMetrics(reg))
+	defer p.Close()
+	deep := slices.Concat(bytes.Repeat([]byte("["), 10_000_000), bytes.Repeat([]byte("]"), 10_000_000))
+	for i, tc := range []struct {
+		value  []byte
+		want   Decision
+		reason string
+	}{
+		{[]byte(`{"id":"a"}`), Forward, ""},
+		{deep, Unkeyed, "more than the"},
+		{deep[9_999_000:10_001_000], Unkeyed, "deeper than"},
+		{slices.Concat([]byte(`{"id":"a","d":`), deep[9_000_000:11_000_000], []byte(`}`)), Unkeyed, "deeper than"},
+		{[]byte(`{"id":"a"}`), Duplicate, ""},
+	} {
+		got, err := p.Decide(&kgo.Record{Value: tc.value, Offset: int64(i)})
+		if err != nil || got != tc.want {
+			t.Fatalf("offset %d: Decide = %v, %v; want %v", i, got, err, tc.want)
+		}
+		if tc.want == Unkeyed && (!errors.Is(p.LastKeyError(), ErrNoKey) || !strings.Contains(p.LastKeyError().Error(), tc.reason)) {
+			t.Errorf("offset %d: LastKeyError = %v, want ErrNoKey saying %q", i, p.LastKeyError(), tc.reason)
+		}
+	}
+	if err := p.Commit(store.Checkpoint{Offset: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if got := counterValue(t, reg, "kdedup_unkeyed_records_total", "in", "0"); got != 3 {
+		t.Errorf("kdedup_unkeyed_records_total = %g, want 3", got)
+	}
+}
+
+// TestOpenRefusesOtherKey: the key spec is stored with the filter
+// parameters, and state written under one KDEDUP_KEY is refused under
+// another, naming the variable and both values, as changed filter
+// parameters are; the same spec, however spelled, opens it.
+func TestOpenRefusesOtherKey(t *testing.T) {
+	mustKey := func(spec string) Key {
+		k, err := ParseKey(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	for _, tc := range []struct {
+		stored, configured string
+		refused            bool
+	}{
+		{"json:id", "key", true},
+		{"key", "header:x-id", true},
+		{"header:x-id", "header:x-Id", true},
+		{"json:user.id", "json:user.id", false},
+		{"", "key", false}, // the default spelled out
+	} {
+		t.Run(tc.stored+" then "+tc.configured, func(t *testing.T) {
+			const topic, partition = "orders", 3
+			db := openDB(t, "", store.Options{})
+			p := openPartition(t, db, topic, partition, Options{Key: mustKey(tc.stored), Filter: smallChain}, nil)
+			if _, err := p.Decide(&kgo.Record{Key: []byte("k"), Value: []byte(`{"id":"k","user":{"id":"k"}}`), Headers: []kgo.RecordHeader{{Key: "x-id", Value: []byte("k")}}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Commit(store.Checkpoint{Offset: 1}); err != nil {
+				t.Fatal(err)
+			}
+			p.Close()
+			m, err := filter.DecodeMeta(p.state.Meta())
+			if err != nil || m.Params.KeySpec != mustKey(tc.stored).String() {
+				t.Fatalf("stored key spec %q, %v; want %q", m.Params.KeySpec, err, mustKey(tc.stored).String())
+			}
+
+			p, err = Open(db, topic, partition, Options{Key: mustKey(tc.configured), Filter: smallChain}, nil)
+			if !tc.refused {
+				if err != nil {
+					t.Fatalf("Open with the same key: %v", err)
+				}
+				p.Close()
+				return
+			}
+			if err == nil {
+				p.Close()
+				t.Fatal("Open with another key succeeded")
+			}
+			want := fmt.Sprintf("dedup key KDEDUP_KEY stored %q, configured %q", mustKey(tc.stored).String(), mustKey(tc.configured).String())
+			if !errors.Is(err, filter.ErrParams) || !IsStateError(err) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "orders/3") {
+				t.Fatalf("Open: %v; want filter.ErrParams naming orders/3 and saying %q", err, want)
+			}
+		})
+	}
+}
+
+// TestHashSeedPerPartition: each new partition state gets its own secret
+// hash seed, kept in its committed metadata and used again when the state
+// is reopened; Options.HashSeed fixes it for a new state only.
+func TestHashSeedPerPartition(t *testing.T) {
+	dir := t.TempDir()
+	db := openDB(t, dir, store.Options{})
+	seeds := map[filter.Seed]bool{}
+	for part := range int32(3) {
+		p := openPartition(t, db, "in", part, Options{Filter: smallChain}, nil)
+		(&decider{t: t, p: p}).expect(Forward, put, "a", "b")
+		if err := p.Commit(store.Checkpoint{Offset: 2}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := filter.DecodeMeta(p.state.Meta())
+		p.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seeds[m.Seed] || m.Seed == (filter.Seed{}) {
+			t.Fatalf("partition %d: seed %v is zero or another partition's", part, m.Seed)
+		}
+		seeds[m.Seed] = true
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db = openDB(t, dir, store.Options{})
+	fixed := filter.Seed{K0: 1, K1: 2}
+	for part := range int32(3) {
+		// HashSeed does not replace a stored seed.
+		p := openPartition(t, db, "in", part, Options{Filter: smallChain, HashSeed: fixed}, nil)
+		(&decider{t: t, p: p, off: 2}).expect(Duplicate, put, "a", "b")
+		(&decider{t: t, p: p, off: 4}).expect(Forward, put, "c")
+		if err := p.Commit(store.Checkpoint{Offset: 5}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := filter.DecodeMeta(p.state.Meta())
+		p.Close()
+		if err != nil || !seeds[m.Seed] {
+			t.Fatalf("partition %d: seed %v after reopening, %v; want its first", part, m.Seed, err)
+		}
+	}
+	p := openPartition(t, db, "in", 9, Options{Filter: smallChain, HashSeed: fixed}, nil)
+	defer p.Close()
+	if err := p.Commit(store.Checkpoint{Offset: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := filter.DecodeMeta(p.state.Meta()); err != nil || m.Seed != fixed {
+		t.Fatalf("new state with HashSeed: seed %v, %v; want %v", m.Seed, err, fixed)
+	}
+}
+
+// TestFullChainForwardsAndCounts fills a chain of one-page sub-filters
+// with Expansion 1 and one eviction a walk until its 64 sub-filters refuse
+// keys (filter.ErrFull, which used to fail the record on every restart):
+// from then on such keys are forwarded without an error, counted in
+// kdedup_filter_full_records_total, and forwarded again when repeated;
+// keys remembered before stay duplicates, and the state commits.
+func TestFullChainForwardsAndCounts(t *testing.T) {
+	for _, maxOcc := range []int{1, 3} {
+		t.Run(fmt.Sprintf("max occurrences %d", maxOcc), func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			db := openDB(t, "", store.Options{PageBytes: 512})
+			fp := filter.Params{FingerprintBits: 16, Capacity: 1, PageBytes: 512, MaxKicks: 1, Expansion: 1}
+			p := openPartition(t, db, "in", 0, Options{Filter: fp, MaxOccurrences: maxOcc}, NewMetrics(reg))
+			defer p.Close()
+			off := int64(0)
+			decide := func(k string) Decision {
+				t.Helper()
+				d, err := p.Decide(&kgo.Record{Key: []byte(k), Value: []byte("v"), Offset: off})
+				if err != nil {
+					t.Fatalf("offset %d: Decide(%s): %v", off, k, err)
+				}
+				off++
+				return d
+			}
+			// Each new key is decided maxOcc+1 times: a key the chain
+			// remembered is forwarded maxOcc times, then dropped; one it
+			// could not remember at all is forwarded every time.
+			var remembered []string
+			refused, wantFull := 0, 0
+			for i := 0; refused < 50; i++ {
+				k := fmt.Sprintf("k%d", i)
+				before := p.Stats().Items
+				if got := decide(k); got != Forward {
+					continue // a false positive of a crowded filter
+				}
+				if p.Stats().Items > before {
+					for range maxOcc {
+						decide(k) // later copies may or may not fit
+					}
+					remembered = append(remembered, k)
+					continue
+				}
+				refused++
+				wantFull++
+				for n := range maxOcc {
+					if got := decide(k); got != Forward {
+						t.Fatalf("%s: record %d of a key the full chain refused decided %v, want Forward", k, n+2, got)
+					}
+					wantFull++
+				}
+			}
+			if st := p.Stats(); st.SubFilters != filter.MaxSubFilters || !st.NearFull {
+				t.Fatalf("%d sub-filters (near full %v), want %d", st.SubFilters, st.NearFull, filter.MaxSubFilters)
+			}
+			if maxOcc == 1 {
+				for _, k := range remembered {
+					if got := decide(k); got != Duplicate {
+						t.Fatalf("%s, remembered before the chain filled, decided %v", k, got)
+					}
+				}
+			}
+			if err := p.Commit(store.Checkpoint{Offset: off}); err != nil {
+				t.Fatal(err)
+			}
+			got := counterValue(t, reg, "kdedup_filter_full_records_total", "in", "0")
+			if maxOcc == 1 && got != float64(wantFull) || got < float64(wantFull) {
+				t.Errorf("kdedup_filter_full_records_total = %g, want %d", got, wantFull)
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -8,7 +9,7 @@ import (
 	"slices"
 	"sort"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/dchest/siphash"
 )
 
 // Errors returned by Chain methods. Errors from the Pager are returned
@@ -20,8 +21,9 @@ var (
 	// ErrCorrupt is returned when metadata cannot be decoded or a page has
 	// the wrong length.
 	ErrCorrupt = errors.New("filter: corrupt state")
-	// ErrParams is returned by Open when the stored state was written with
-	// another format version, hash or Params.
+	// ErrParams is returned by Open (and DecodeMeta, for another format
+	// version) when the stored state was written with another format
+	// version, hash or Params.
 	ErrParams = errors.New("filter: stored state was written with other parameters")
 )
 
@@ -94,6 +96,10 @@ type Stats struct {
 type Chain struct {
 	p     Params
 	pager Pager
+	// seed keys the hash: secret, drawn when the chain is created and kept
+	// in its metadata, so that keys colliding with another key's page,
+	// buckets and fingerprint cannot be computed without it.
+	seed Seed
 	// subs are sorted by generation, oldest first, and by age within one.
 	subs      []SubFilter
 	nextID    uint32
@@ -107,23 +113,61 @@ type kick struct {
 	old  uint32 // fingerprint the slot held before the kick
 }
 
-// New returns an empty chain. Without a window it has one sub-filter sized
-// for p.Capacity; with one, each generation gets its first sub-filter when
-// its first key arrives. No page is touched until the first insert.
+// New returns an empty chain with a secret hash seed (RandomSeed). Without
+// a window it has one sub-filter sized for p.Capacity; with one, each
+// generation gets its first sub-filter when its first key arrives. No page
+// is touched until the first insert.
 func New(p Params, pager Pager) (*Chain, error) {
+	return NewWithSeed(p, RandomSeed(), pager)
+}
+
+// NewWithSeed is New with the given hash seed. The state of a chain is a
+// function of its seed, Params and operations; NewWithSeed is for tests and
+// benchmarks that compare state across runs. A seed known outside the
+// process lets keys that collide in the filter be computed: a worker uses
+// New.
+func NewWithSeed(p Params, seed Seed, pager Pager) (*Chain, error) {
 	p = p.WithDefaults()
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	c := newChain(p, pager)
+	c := newChain(p, seed, pager)
 	if c.span == 0 {
 		c.subs = []SubFilter{c.subFilter(0, 0, p.firstPages())}
 	}
 	return c, nil
 }
 
-func newChain(p Params, pager Pager) *Chain {
-	return &Chain{p: p, pager: pager, watermark: math.MinInt64, span: p.spanMillis(), kicks: make([]kick, 0, p.MaxKicks)}
+// Seed is a chain's secret hash key: the 128-bit key of SipHash-2-4, as
+// its two little-endian 64-bit halves. It is stored in the chain metadata
+// and must stay there: never log or report it.
+type Seed struct{ K0, K1 uint64 }
+
+// RandomSeed returns a secret hash seed from crypto/rand, as New draws it.
+func RandomSeed() Seed {
+	var b [16]byte
+	// crypto/rand.Read never returns an error: the program crashes when the
+	// system cannot supply randomness.
+	_, _ = rand.Read(b[:])
+	return Seed{K0: binary.LittleEndian.Uint64(b[:8]), K1: binary.LittleEndian.Uint64(b[8:])}
+}
+
+func newChain(p Params, seed Seed, pager Pager) *Chain {
+	return &Chain{p: p, pager: pager, seed: seed, watermark: math.MinInt64, span: p.spanMillis(), kicks: make([]kick, 0, p.MaxKicks)}
+}
+
+// hash is the 64-bit key hash: SipHash-2-4 keyed by the chain's secret
+// seed (HashSipHash24, Aumasson and Bernstein 2012, via
+// github.com/dchest/siphash). SipHash is a pseudo-random function built
+// against hash flooding (Python's, Ruby's and Rust's hash tables and Redis
+// key it with a random seed for that reason): without the seed, which
+// keys share a page, buckets and fingerprint, and so which key would make
+// another's record a duplicate, cannot be computed, only found by sending
+// keys at random. A seeded non-cryptographic hash such as xxhash64 would
+// cost the same here (about 15 ns a key) but is not designed to hide its
+// seed from differential attacks. Every operation hashes its key once.
+func (c *Chain) hash(key []byte) uint64 {
+	return siphash.Hash(c.seed.K0, c.seed.K1, key)
 }
 
 // subFilter describes a new, empty sub-filter: the i-th of generation gen,
@@ -247,7 +291,8 @@ func floorDiv(a, b int64) int64 {
 }
 
 // position is where a key lives in one sub-filter: its page, the bit
-// offsets of its two candidate buckets in that page, and its fingerprint.
+// offsets of its two candidate buckets in that page (always distinct, see
+// altLocal), and its fingerprint.
 type position struct {
 	id     PageID
 	b1, b2 int // bit offsets of the buckets
@@ -283,13 +328,22 @@ func (c *Chain) position(h uint64, s int) position {
 func fpMask(f int) uint32 { return uint32(uint64(1)<<f - 1) }
 
 // altLocal is the page-local alternate bucket of partial-key cuckoo hashing
-// (Fan et al. section 3.1) over a page of n buckets, n not a power of two:
-// alt(i) = (m - i) mod n with m = mix(fp) mod n, an involution in i
-// (alt(alt(i)) = i), like the paper's i XOR hash(fp) for power-of-two n.
-// mix takes the high half of a 64-bit multiplicative hash so that every bit
-// of fp matters.
+// (Fan et al. section 3.1) over a page of n buckets, n even and at least 2
+// (Params.bucketsPerPage) but not a power of two in general:
+//
+//	alt(i) = (m - i) mod n, m = 2*(mix(fp) mod n/2) + 1
+//
+// It is an involution in i (alt(alt(i)) = i), like the paper's i XOR
+// hash(fp) for power-of-two n, so an eviction walk finds a fingerprint's
+// other bucket from the bucket it is in. m is odd and n even, so
+// 2i = m (mod n) has no solution: the alternate never equals the primary,
+// and every key has two distinct buckets, 2b slots, for its copies. (With an
+// odd n no involution is free of fixed points, hence the even n: an odd
+// page count of buckets gave about one key in n a single bucket.) mix takes
+// the high half of a 64-bit multiplicative hash so that every bit of fp
+// matters.
 func altLocal(local uint64, fp uint32, n uint64) uint64 {
-	m := ((uint64(fp) * 0x9e3779b97f4a7c15) >> 32) * n >> 32
+	m := (((uint64(fp)*0x9e3779b97f4a7c15)>>32)*(n/2)>>32)*2 + 1
 	if m >= local {
 		return m - local
 	}
@@ -415,7 +469,7 @@ func (c *Chain) find(pg []byte, b, f int, fp uint32) int {
 // certainly not (no false negatives), true is wrong with probability about
 // Stats().EstimatedFPR.
 func (c *Chain) Contains(key []byte) (bool, error) {
-	return c.containsHash(xxhash.Sum64(key))
+	return c.containsHash(c.hash(key))
 }
 
 func (c *Chain) containsHash(h uint64) (bool, error) {
@@ -431,7 +485,7 @@ func (c *Chain) containsHash(h uint64) (bool, error) {
 // (CF.COUNT): at least the number of Adds of key not yet deleted, more when
 // other keys share its fingerprint and buckets.
 func (c *Chain) Count(key []byte) (int, error) {
-	h := xxhash.Sum64(key)
+	h := c.hash(key)
 	n := 0
 	for s := len(c.subs) - 1; s >= 0; s-- {
 		pos := c.position(h, s)
@@ -440,10 +494,7 @@ func (c *Chain) Count(key []byte) (int, error) {
 			return 0, err
 		}
 		f := pos.sub.FingerprintBits
-		n += c.count(pg, pos.b1, f, pos.fp)
-		if pos.b2 != pos.b1 {
-			n += c.count(pg, pos.b2, f, pos.fp)
-		}
+		n += c.count(pg, pos.b1, f, pos.fp) + c.count(pg, pos.b2, f, pos.fp)
 	}
 	return n, nil
 }
@@ -462,7 +513,7 @@ func (c *Chain) Insert(key []byte) (bool, error) {
 // to the generation of ts (see Advance). Without a window ts is ignored.
 func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
 	c.Advance(ts)
-	h := xxhash.Sum64(key)
+	h := c.hash(key)
 	gen := c.generationOf(ts)
 	_, hi := c.generation(gen)
 	// The sub-filter the key would go to is looked at last, so that its
@@ -570,7 +621,7 @@ func (c *Chain) Add(key []byte) error {
 // ts and adds the copy to the generation of ts.
 func (c *Chain) AddAt(key []byte, ts int64) error {
 	c.Advance(ts)
-	return c.addHash(xxhash.Sum64(key), c.generationOf(ts))
+	return c.addHash(c.hash(key), c.generationOf(ts))
 }
 
 // Refresh re-remembers key for a record of timestamp ts (sliding expiry):
@@ -581,13 +632,14 @@ func (c *Chain) AddAt(key []byte, ts int64) error {
 // reports whether a copy moved. Like Delete it may move another key's
 // matching fingerprint instead (probability about the false-positive
 // rate), which only keeps that key longer. Without a window it does
-// nothing.
+// nothing. When the generation of ts is full it returns ErrFull and leaves
+// the copy where it was.
 func (c *Chain) Refresh(key []byte, ts int64) (bool, error) {
 	if c.span == 0 {
 		return false, nil
 	}
 	c.Advance(ts)
-	h := xxhash.Sum64(key)
+	h := c.hash(key)
 	gen := c.generationOf(ts)
 	for s := range c.subs {
 		if c.subs[s].Generation >= gen {
@@ -597,9 +649,19 @@ func (c *Chain) Refresh(key []byte, ts int64) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if removed {
-			return true, c.addHash(h, gen)
+		if !removed {
+			continue
 		}
+		err = c.addHash(h, gen)
+		if errors.Is(err, ErrFull) {
+			// Put the copy back in the slot it just left, so that a
+			// full generation leaves the key remembered where it was.
+			if ok, perr := c.place(h, s); perr != nil || !ok {
+				return false, fmt.Errorf("%w: restoring a copy after %w", ErrCorrupt, err)
+			}
+			return false, err
+		}
+		return err == nil, err
 	}
 	return false, nil
 }
@@ -700,7 +762,7 @@ func (c *Chain) commitPlace(id PageID, pg []byte, s int) {
 // in dedup that forwards one later duplicate of that other key, it never
 // loses an event.
 func (c *Chain) Delete(key []byte) (bool, error) {
-	h := xxhash.Sum64(key)
+	h := c.hash(key)
 	for s := len(c.subs) - 1; s >= 0; s-- {
 		if removed, err := c.removeCopy(h, s); err != nil || removed {
 			return removed, err

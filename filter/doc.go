@@ -8,8 +8,16 @@
 //
 // # Layout
 //
-// A key is hashed once with xxhash64 (github.com/cespare/xxhash/v2). The
-// fingerprint is the high 32 bits truncated to the sub-filter's width f (4
+// A key is hashed once with SipHash-2-4 (github.com/dchest/siphash) keyed
+// by the chain's secret 128-bit seed, drawn from crypto/rand when the chain
+// is created (New) and kept in its metadata: where a key lands depends on a
+// value no one outside the process knows, so keys that collide with a
+// victim's page, buckets and fingerprint (and would make its record a
+// duplicate) cannot be computed from outside, as keyed SipHash keeps
+// Python's and Rust's hash tables from being flooded. (Format 4 and older
+// hashed with unkeyed xxhash64: a colliding key was found in seconds.)
+// State is a function of the seed, the Params and the operations; a chain
+// rebuilt from nothing gets a new seed. The fingerprint is the high 32 bits truncated to the sub-filter's width f (4
 // to 32 bits), with 0 mapped to 1 because 0 marks an empty slot; the bucket
 // comes from the low 32 bits only, so index and fingerprint come from
 // independent bits (RedisBloom derives its 8-bit fingerprint as hash%255+1,
@@ -17,10 +25,10 @@
 //
 // A sub-filter is any number P of pages (1 to 2^20) of PageBytes bytes, so
 // that Capacity is what the first sub-filter holds, not a power of two above
-// it. A page holds n = PageBytes*8/(b*f) buckets of b bit-packed f-bit
-// slots: slot k of bucket j occupies bits [(j*b+k)*f, (j*b+k+1)*f) of the
-// page, little endian. With x = lo32(hash)*P, the page is x>>32 and the
-// bucket in the page (lo32(x)*n)>>32 (Lemire's multiply-shift range
+// it. A page holds n buckets of b bit-packed f-bit slots, n the even number
+// at or below PageBytes*8/(b*f): slot k of bucket j occupies bits
+// [(j*b+k)*f, (j*b+k+1)*f) of the page, little endian. With
+// x = lo32(hash)*P, the page is x>>32 and the bucket in the page (lo32(x)*n)>>32 (Lemire's multiply-shift range
 // reduction, twice). A page that was never written reads as all zeros
 // (empty).
 //
@@ -29,11 +37,13 @@
 // Kvrocks paged design proposes). n is not a power of two in general, so
 // instead of the paper's i XOR hash(fp) it is
 //
-//	alt(i, fp) = (m - i) mod n, m = mix(fp) mod n
+//	alt(i, fp) = (m - i) mod n, m = 2*(mix(fp) mod n/2) + 1
 //
-// which is also an involution: alt(alt(i, fp), fp) == i. Every Contains,
-// Insert, Count and Delete touches exactly one page per sub-filter and an
-// insert dirties one page. The price is a lower load at the first failed
+// which is also an involution: alt(alt(i, fp), fp) == i. n is made even
+// (an odd count of whole buckets leaves the page's last one unused) and m is
+// odd, so the alternate never equals the primary bucket: every key has two
+// buckets, 2b slots. Every Contains, Insert, Count and Delete touches
+// exactly one page per sub-filter and an insert dirties one page. The price is a lower load at the first failed
 // insertion than with a global alternate (about 89-92% at b=4 instead of
 // ~96%); TestLoadAtFirstExpansion measures it.
 //

@@ -1,7 +1,5 @@
 package filter
 
-import "github.com/cespare/xxhash/v2"
-
 // Location is a sub-filter holding copies of a key's fingerprint.
 type Location struct {
 	SubFilter SubFilter
@@ -17,7 +15,7 @@ type Location struct {
 // Stats().EstimatedFPR over the chain. Like Count it reads one page per
 // sub-filter and changes nothing; errors are the Pager's, wrapped.
 func (c *Chain) Locate(key []byte) ([]Location, error) {
-	h := xxhash.Sum64(key)
+	h := c.hash(key)
 	var locs []Location
 	for s := range c.subs {
 		pos := c.position(h, s)
@@ -26,10 +24,7 @@ func (c *Chain) Locate(key []byte) ([]Location, error) {
 			return nil, err
 		}
 		f := pos.sub.FingerprintBits
-		n := c.count(pg, pos.b1, f, pos.fp)
-		if pos.b2 != pos.b1 {
-			n += c.count(pg, pos.b2, f, pos.fp)
-		}
+		n := c.count(pg, pos.b1, f, pos.fp) + c.count(pg, pos.b2, f, pos.fp)
 		if n > 0 {
 			locs = append(locs, Location{SubFilter: *pos.sub, Copies: n})
 		}

@@ -9,19 +9,29 @@ import (
 )
 
 // FormatVersion is the version of the metadata and page format this package
-// writes. Open refuses any other.
-const FormatVersion = 4
+// writes. DecodeMeta and Open refuse any other. Version 5 keys the hash with
+// a per-chain secret seed, keeps a key's two buckets distinct (even bucket
+// counts per page) and stores Params.KeySpec.
+const FormatVersion = 5
 
-// HashXXH64 identifies xxhash64 as the key hash in the metadata. Changing
-// the hash is a format change.
-const HashXXH64 = 1
+// Hash identities in the metadata. Changing the hash is a format change.
+const (
+	// HashXXH64 is unkeyed xxhash64, formats up to 4.
+	HashXXH64 = 1
+	// HashSipHash24 is SipHash-2-4 keyed by the chain's secret 128-bit
+	// Seed ("siphash-2-4-keyed"), format 5.
+	HashSipHash24 = 2
+)
+
+// hashName names the hash of this format in messages.
+const hashName = "siphash-2-4-keyed"
 
 var metaMagic = [4]byte{'K', 'D', 'C', 'F'}
 
 const (
 	// magic .. target rate, window, generations, next ID, watermark,
-	// sub-filter count
-	metaHeaderLen = 4 + 1 + 1 + 1 + 1 + 4 + 2 + 4 + 8 + 8 + 8 + 1 + 4 + 8 + 2
+	// sub-filter count, seed, key spec length (the key spec follows)
+	metaHeaderLen = 4 + 1 + 1 + 1 + 1 + 4 + 2 + 4 + 8 + 8 + 8 + 1 + 4 + 8 + 2 + 16 + 2
 	metaSubLen    = 4 + 8 + 8 + 1 + 8 // ID, generation, pages, width, items
 	metaCRCLen    = 4
 )
@@ -35,21 +45,26 @@ type Meta struct {
 	NextID uint32
 	// Watermark is the highest record timestamp seen (ms), math.MinInt64
 	// before any.
-	Watermark  int64
+	Watermark int64
+	// Seed is the chain's secret hash seed: keep it out of logs and
+	// reports.
+	Seed       Seed
 	SubFilters []SubFilter
 }
 
-// MarshalMeta encodes the chain metadata: format version, hash id, Params,
-// next sub-filter ID, watermark and every sub-filter (ID, generation, pages,
-// fingerprint width, items), big endian, followed by a CRC-32C of the
-// preceding bytes.
+// MarshalMeta encodes the chain metadata: format version, hash id, Params
+// but the key spec, next sub-filter ID, watermark, the sub-filter count,
+// hash seed, the key spec (16-bit length and bytes) and every sub-filter
+// (ID, generation, pages, fingerprint width, items), big endian, followed by
+// a CRC-32C of the preceding bytes. It holds the secret hash seed: store it
+// like the pages, never log it.
 func (c *Chain) MarshalMeta() []byte {
-	return Meta{FormatVersion: FormatVersion, HashID: HashXXH64, Params: c.p,
-		NextID: c.nextID, Watermark: c.watermark, SubFilters: c.subs}.marshal()
+	return Meta{FormatVersion: FormatVersion, HashID: HashSipHash24, Params: c.p,
+		NextID: c.nextID, Watermark: c.watermark, Seed: c.seed, SubFilters: c.subs}.marshal()
 }
 
 func (m Meta) marshal() []byte {
-	b := make([]byte, 0, metaHeaderLen+len(m.SubFilters)*metaSubLen+metaCRCLen)
+	b := make([]byte, 0, metaHeaderLen+len(m.Params.KeySpec)+len(m.SubFilters)*metaSubLen+metaCRCLen)
 	b = append(b, metaMagic[:]...)
 	b = append(b, byte(m.FormatVersion), byte(m.HashID), byte(m.Params.FingerprintBits), byte(m.Params.BucketSize))
 	b = binary.BigEndian.AppendUint32(b, uint32(m.Params.MaxKicks))
@@ -62,6 +77,10 @@ func (m Meta) marshal() []byte {
 	b = binary.BigEndian.AppendUint32(b, m.NextID)
 	b = binary.BigEndian.AppendUint64(b, uint64(m.Watermark))
 	b = binary.BigEndian.AppendUint16(b, uint16(len(m.SubFilters)))
+	b = binary.BigEndian.AppendUint64(b, m.Seed.K0)
+	b = binary.BigEndian.AppendUint64(b, m.Seed.K1)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(m.Params.KeySpec)))
+	b = append(b, m.Params.KeySpec...)
 	for _, s := range m.SubFilters {
 		b = binary.BigEndian.AppendUint32(b, s.ID)
 		b = binary.BigEndian.AppendUint64(b, uint64(s.Generation))
@@ -80,10 +99,14 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 // DecodeMeta decodes metadata written by MarshalMeta. It returns ErrCorrupt
 // (wrapped, with the reason) for a wrong length, magic, checksum, or
-// sub-filter geometry that the recorded Params could not have produced. It
-// does not compare versions or Params; Open does.
+// sub-filter geometry that the recorded Params could not have produced, and
+// ErrParams (wrapped, naming both versions) for metadata of another format
+// version, whose layout it does not read. It does not compare Params; Open
+// does.
 func DecodeMeta(b []byte) (Meta, error) {
-	if len(b) < metaHeaderLen+metaCRCLen {
+	// The magic, version and hash id precede the checksum-covered body's
+	// version-specific part, and the checksum ends every version.
+	if len(b) < 6+metaCRCLen {
 		return Meta{}, fmt.Errorf("%w: metadata is %d bytes, shorter than its header", ErrCorrupt, len(b))
 	}
 	body, sum := b[:len(b)-metaCRCLen], binary.BigEndian.Uint32(b[len(b)-metaCRCLen:])
@@ -92,6 +115,13 @@ func DecodeMeta(b []byte) (Meta, error) {
 	}
 	if got := crc32.Checksum(body, crcTable); got != sum {
 		return Meta{}, fmt.Errorf("%w: metadata checksum %08x, want %08x", ErrCorrupt, got, sum)
+	}
+	if v, h := int(body[4]), int(body[5]); v != FormatVersion || h != HashSipHash24 {
+		return Meta{}, fmt.Errorf("%w: stored format version %d hash %d, this build reads format version %d hash %d (%s); move the data directory aside and let the state be rebuilt by replay",
+			ErrParams, v, h, FormatVersion, HashSipHash24, hashName)
+	}
+	if len(body) < metaHeaderLen {
+		return Meta{}, fmt.Errorf("%w: metadata is %d bytes, shorter than its header", ErrCorrupt, len(b))
 	}
 	m := Meta{
 		FormatVersion: int(body[4]),
@@ -111,7 +141,13 @@ func DecodeMeta(b []byte) (Meta, error) {
 		Watermark: int64(binary.BigEndian.Uint64(body[47:])),
 	}
 	n := int(binary.BigEndian.Uint16(body[55:]))
+	m.Seed = Seed{K0: binary.BigEndian.Uint64(body[57:]), K1: binary.BigEndian.Uint64(body[65:])}
+	keyLen := int(binary.BigEndian.Uint16(body[73:]))
 	rest := body[metaHeaderLen:]
+	if len(rest) < keyLen {
+		return Meta{}, fmt.Errorf("%w: metadata holds a key spec of %d bytes in %d", ErrCorrupt, keyLen, len(rest))
+	}
+	m.Params.KeySpec, rest = string(rest[:keyLen]), rest[keyLen:]
 	if len(rest) != n*metaSubLen {
 		return Meta{}, fmt.Errorf("%w: metadata lists %d sub-filters in %d bytes", ErrCorrupt, n, len(rest))
 	}
@@ -168,11 +204,12 @@ func DecodeMeta(b []byte) (Meta, error) {
 }
 
 // Open returns the chain described by meta (as written by MarshalMeta), over
-// pager. It returns ErrParams, naming the stored and the configured values,
-// when meta was written with another format version, hash or Params than p
-// (after defaults): a chain's layout depends on all of them, and recovery
-// relies on state being a function of input and Params. A nil or empty meta
-// is a new chain, as New.
+// pager, with the hash seed meta holds. It returns ErrParams, naming the
+// stored and the configured values, when meta was written with another
+// format version, hash or Params than p (after defaults): a chain's layout
+// depends on all of them, and recovery relies on state being a function of
+// the seed, input and Params. A nil or empty meta is a new chain with a new
+// secret seed, as New.
 func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
 	if len(meta) == 0 {
 		return New(p, pager)
@@ -185,14 +222,10 @@ func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
 	if err != nil {
 		return nil, err
 	}
-	if m.FormatVersion != FormatVersion || m.HashID != HashXXH64 {
-		return nil, fmt.Errorf("%w: stored format version %d hash %d, this build reads format version %d hash %d",
-			ErrParams, m.FormatVersion, m.HashID, FormatVersion, HashXXH64)
-	}
 	if m.Params != p {
 		return nil, fmt.Errorf("%w: stored %s, configured %s", ErrParams, m.Params, p)
 	}
-	c := newChain(p, pager)
+	c := newChain(p, m.Seed, pager)
 	c.subs = m.SubFilters
 	c.nextID = m.NextID
 	c.watermark = m.Watermark

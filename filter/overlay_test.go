@@ -16,12 +16,12 @@ func TestOverlayCommitDiscard(t *testing.T) {
 	p := Params{FingerprintBits: 32, Capacity: 1024, PageBytes: 512, MaxKicks: 50}
 	base := NewMemPager(512)
 	ov := NewOverlay(base)
-	staged, err := New(p, ov)
+	staged, err := NewWithSeed(p, testSeed, ov)
 	if err != nil {
 		t.Fatal(err)
 	}
 	refPager := NewMemPager(512)
-	ref, err := New(p, refPager)
+	ref, err := NewWithSeed(p, testSeed, refPager)
 	if err != nil {
 		t.Fatal(err)
 	}

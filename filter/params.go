@@ -69,7 +69,7 @@ type Params struct {
 	// size).
 	Expansion int
 	// PageBytes is the size of a page in bytes (default 4096): a power of
-	// two holding at least one bucket of 32-bit fingerprints. 2-4 KiB pages
+	// two holding at least two buckets of 32-bit fingerprints. 2-4 KiB pages
 	// store 96-98% useful bytes in an LSM store (Kvrocks PR #3481 review).
 	PageBytes int
 	// Window, when set, makes the chain forget keys by record timestamp:
@@ -88,7 +88,17 @@ type Params struct {
 	// and a tighter false-positive budget each, since G+1 generations are
 	// live at once (see SubFilterBits).
 	Generations int
+	// KeySpec names how the caller derives the keys it inserts (dedup
+	// stores its key spec, KDEDUP_KEY, here; default empty). The filter does
+	// not interpret it: it is stored with the other Params so that state
+	// holding keys derived one way is refused when opened to hold keys
+	// derived another, whose fingerprints would match nothing. At most
+	// 65,535 bytes.
+	KeySpec string
 }
+
+// maxKeySpecBytes bounds Params.KeySpec (its length is stored in 16 bits).
+const maxKeySpecBytes = 1<<16 - 1
 
 // WithDefaults returns p with every zero field set to its default.
 func (p Params) WithDefaults() Params {
@@ -144,8 +154,9 @@ func (p Params) Validate() error {
 	}
 	if p.PageBytes <= 0 || p.PageBytes&(p.PageBytes-1) != 0 || p.PageBytes > 1<<20 {
 		errs = append(errs, fmt.Errorf("filter: page bytes %d: must be a power of two up to 1 MiB", p.PageBytes))
-	} else if len(errs) == 0 && p.PageBytes*8 < p.BucketSize*MaxFingerprintBits {
-		errs = append(errs, fmt.Errorf("filter: page bytes %d: smaller than one bucket of %d-bit fingerprints", p.PageBytes, MaxFingerprintBits))
+	} else if len(errs) == 0 && p.PageBytes*8 < 2*p.BucketSize*MaxFingerprintBits {
+		// A key's two buckets are distinct buckets of one page.
+		errs = append(errs, fmt.Errorf("filter: page bytes %d: smaller than two buckets of %d-bit fingerprints", p.PageBytes, MaxFingerprintBits))
 	}
 	if p.Window < 0 {
 		errs = append(errs, fmt.Errorf("filter: window %s: must not be negative", p.Window))
@@ -155,6 +166,9 @@ func (p Params) Validate() error {
 	} else if p.Window > 0 && p.Window.Milliseconds() < int64(p.Generations) {
 		errs = append(errs, fmt.Errorf("filter: window %s: must be at least one millisecond per generation (%d)", p.Window, p.Generations))
 	}
+	if len(p.KeySpec) > maxKeySpecBytes {
+		errs = append(errs, fmt.Errorf("filter: key spec of %d bytes: at most %d", len(p.KeySpec), maxKeySpecBytes))
+	}
 	if len(errs) == 0 && p.firstPages() > 1<<maxPageBits {
 		errs = append(errs, fmt.Errorf("filter: capacity %d needs more than 2^%d pages of %d bytes: raise the page size", p.Capacity, maxPageBits, p.PageBytes))
 	}
@@ -163,8 +177,8 @@ func (p Params) Validate() error {
 
 // String formats p as the stored-versus-configured comparisons print it.
 func (p Params) String() string {
-	return fmt.Sprintf("target_fpr=%g fingerprint_bits=%d bucket_size=%d capacity=%d max_kicks=%d expansion=%d page_bytes=%d window=%s generations=%d",
-		p.TargetFPR, p.FingerprintBits, p.BucketSize, p.Capacity, p.MaxKicks, p.Expansion, p.PageBytes, p.Window, p.Generations)
+	return fmt.Sprintf("target_fpr=%g fingerprint_bits=%d bucket_size=%d capacity=%d max_kicks=%d expansion=%d page_bytes=%d window=%s generations=%d key=%q",
+		p.TargetFPR, p.FingerprintBits, p.BucketSize, p.Capacity, p.MaxKicks, p.Expansion, p.PageBytes, p.Window, p.Generations, p.KeySpec)
 }
 
 // spanMillis is the span of one generation in milliseconds (0 without a
@@ -223,9 +237,12 @@ func (p Params) SubFilterBits(i int) int {
 }
 
 // bucketsPerPage is how many buckets of f-bit fingerprints a page holds:
-// not a power of two in general, as fingerprints are bit-packed.
+// not a power of two in general, as fingerprints are bit-packed, but even,
+// so that every bucket has a partner other than itself (altLocal). An odd
+// count leaves the page's last bucket unused: 1/455 of the slots at the
+// defaults. Validate makes it at least 2.
 func (p Params) bucketsPerPage(f int) uint64 {
-	return uint64(p.PageBytes * 8 / (p.BucketSize * f))
+	return uint64(p.PageBytes*8/(p.BucketSize*f)) &^ 1
 }
 
 // firstPages is the page count of sub-filter 0: enough pages for Capacity

@@ -23,7 +23,7 @@ import (
 //     drops a fingerprint.
 //   - github.com/panmari/cuckoofilter: 16-bit fingerprints, metro hash,
 //     global alternate bucket, 500 kicks; a failed walk drops one too.
-//   - kdedup: 16-bit fingerprints (set explicitly), xxhash64, page-local
+//   - kdedup: 16-bit fingerprints (set explicitly), keyed SipHash-2-4, page-local
 //     alternate bucket in 4 KiB pages, deterministic eviction with rollback:
 //     the same table size as panmari.
 //   - kdedup8: the same with 8-bit fingerprints, the same table size as

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -290,4 +291,55 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// TestRefreshIntoAFullGenerationKeepsTheCopy: when the generation a copy
+// would move to is full (MaxSubFilters sub-filters, reachable with
+// Expansion 1), Refresh returns ErrFull and the copy stays where it was:
+// the key is still remembered, on its former schedule.
+func TestRefreshIntoAFullGenerationKeepsTheCopy(t *testing.T) {
+	p := Params{FingerprintBits: 16, Capacity: 1, PageBytes: 256, MaxKicks: 1, Expansion: 1, Window: time.Second, Generations: 1}
+	c, _ := newMem(t, p)
+	old := make([][]byte, 300)
+	for i := range old {
+		old[i] = key("old", i)
+		if _, err := c.InsertAt(old[i], 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, full := 0, 0; full < 200; i++ {
+		_, err := c.InsertAt(key("new", i), 1000)
+		if errors.Is(err, ErrFull) {
+			full++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	items := c.Stats().Items
+	refused := 0
+	for _, k := range old {
+		moved, err := c.Refresh(k, 1000)
+		switch {
+		case errors.Is(err, ErrFull):
+			refused++
+			if moved {
+				t.Fatalf("%s: Refresh reports a move with ErrFull", k)
+			}
+			locs, err := c.Locate(k)
+			if err != nil || len(locs) != 1 || locs[0].SubFilter.Generation != 0 || locs[0].Copies != 1 {
+				t.Fatalf("%s: after ErrFull its copies are %+v, %v; want one in generation 0", k, locs, err)
+			}
+		case err != nil:
+			t.Fatal(err)
+		}
+		if ok, err := c.Contains(k); err != nil || !ok {
+			t.Fatalf("%s: Contains = %v, %v after Refresh", k, ok, err)
+		}
+	}
+	if refused == 0 {
+		t.Fatal("no Refresh met the full generation")
+	}
+	if got := c.Stats().Items; got != items {
+		t.Fatalf("%d items after the refreshes, %d before", got, items)
+	}
 }

@@ -88,6 +88,9 @@ type checkReport struct {
 	Partition int32  `json:"partition"`
 	// Key is the dedup key checked.
 	Key string `json:"key"`
+	// KeySpec is the KDEDUP_KEY the state was written with: Key is
+	// meant as that spec derives it from a record.
+	KeySpec string `json:"key_spec"`
 	// Checkpoint is the offset the state reflects: the answer is for the
 	// record at that offset, had it this key.
 	Checkpoint checkpointReport `json:"checkpoint"`
@@ -147,7 +150,7 @@ func check(db *store.DB, tp store.TopicPartition, key []byte, maxOcc int) (check
 		return checkReport{}, err
 	}
 	rep := checkReport{
-		Version: reportVersion, Topic: tp.Topic, Partition: tp.Partition, Key: string(key),
+		Version: reportVersion, Topic: tp.Topic, Partition: tp.Partition, Key: string(key), KeySpec: meta.Params.KeySpec,
 		Checkpoint: checkpointReport{Offset: cp.Offset, LeaderEpoch: cp.LeaderEpoch},
 		Present:    present, Count: count, MaxOccurrences: maxOcc, Duplicate: count >= maxOcc,
 		EstimatedFPR: chain.Stats().EstimatedFPR, Locations: []locationReport{},
@@ -180,7 +183,7 @@ func noState(db *store.DB, tp store.TopicPartition) error {
 }
 
 func writeCheckText(w io.Writer, rep checkReport) {
-	fmt.Fprintf(w, "%s/%d, key %q, state as of checkpoint offset %d:\n", rep.Topic, rep.Partition, rep.Key, rep.Checkpoint.Offset)
+	fmt.Fprintf(w, "%s/%d, key %q, state as of checkpoint offset %d (keys derived as KDEDUP_KEY=%s):\n", rep.Topic, rep.Partition, rep.Key, rep.Checkpoint.Offset, rep.KeySpec)
 	switch {
 	case !rep.Present:
 		fmt.Fprintln(w, "  absent: the next record with this key would be forwarded (the filter has no false negatives)")

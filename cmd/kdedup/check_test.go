@@ -41,7 +41,7 @@ func TestCheck(t *testing.T) {
 	for _, k := range []string{"key-0001", "key-0999", "key-0010", "key-0000", "never-sent"} {
 		rep := checkJSON(t, k, "-data-dir", dir, "-topic", "orders", "-partition", "0")
 		n := fixed.held[k]
-		want := checkReport{Version: 1, Topic: "orders", Partition: 0, Key: k,
+		want := checkReport{Version: 1, Topic: "orders", Partition: 0, Key: k, KeySpec: "key",
 			Checkpoint: checkpointReport{Offset: int64(len(fixed.recs)), LeaderEpoch: fixed.epoch},
 			Present:    n > 0, Count: n, MaxOccurrences: 1, Duplicate: n > 0, EstimatedFPR: ref[fixed.tp].stats.EstimatedFPR}
 		locs := rep.Locations
@@ -94,7 +94,7 @@ func TestCheckText(t *testing.T) {
 		want []string
 	}{
 		{[]string{"key-0001", "-topic", "orders", "-partition", "0"}, []string{
-			`orders/0, key "key-0001", state as of checkpoint offset ` + fmt.Sprint(len(states[0].recs)),
+			`orders/0, key "key-0001", state as of checkpoint offset ` + fmt.Sprint(len(states[0].recs)) + " (keys derived as KDEDUP_KEY=key)",
 			"present: the next record with this key would be dropped as a duplicate",
 			"in generation 0, sub-filter ",
 			fmt.Sprintf("is reported present): %.3g", ref[states[0].tp].stats.EstimatedFPR),

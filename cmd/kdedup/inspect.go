@@ -154,6 +154,9 @@ type paramsReport struct {
 	// GenerationSpanMillis is the record time one generation covers
 	// (window/generations in whole milliseconds), 0 without a window.
 	GenerationSpanMillis int64 `json:"generation_span_ms"`
+	// Key is KDEDUP_KEY, the dedup key spec ("key", "header:NAME" or
+	// "json:PATH"); a worker with another refuses the state.
+	Key string `json:"key"`
 }
 
 // subFilterReport is one sub-filter (filter.SubFilter).
@@ -212,6 +215,7 @@ func inspectPartition(db *store.DB, tp store.TopicPartition) (pr partitionReport
 			TargetFPR: p.TargetFPR, FingerprintBits: p.FingerprintBits, BucketSize: p.BucketSize,
 			Capacity: p.Capacity, MaxKicks: p.MaxKicks, Expansion: p.Expansion, PageBytes: p.PageBytes,
 			WindowMillis: p.Window.Milliseconds(), Generations: p.Generations, GenerationSpanMillis: span,
+			Key: p.KeySpec,
 		},
 		SubFilters: []subFilterReport{},
 	}
@@ -259,6 +263,7 @@ func writeInspectText(w io.Writer, rep inspectReport) {
 		}
 		fmt.Fprintf(w, "  filter:    %s, bucket size %d, capacity %d, page bytes %d, expansion %d, max kicks %d, format version %d\n",
 			width, p.BucketSize, p.Capacity, p.PageBytes, p.Expansion, p.MaxKicks, pr.FormatVersion)
+		fmt.Fprintf(w, "  key:       %s (KDEDUP_KEY)\n", p.Key)
 		if p.WindowMillis != 0 {
 			fmt.Fprintf(w, "  window:    %s in %d generations of %s\n",
 				time.Duration(p.WindowMillis)*time.Millisecond, p.Generations, time.Duration(p.GenerationSpanMillis)*time.Millisecond)

@@ -201,10 +201,11 @@ func checkPartitionReport(t *testing.T, pr partitionReport, s *partitionState, m
 		t.Errorf("%s: checkpoint %+v, want offset %d epoch %d", s.tp, pr.Checkpoint, len(s.recs), s.epoch)
 	}
 	p := s.params.WithDefaults()
+	p.KeySpec = "key" // dedup stores its key spec, the record key here
 	span := p.Window.Milliseconds() / int64(max(1, p.Generations))
 	wantParams := paramsReport{TargetFPR: p.TargetFPR, FingerprintBits: p.FingerprintBits, BucketSize: p.BucketSize,
 		Capacity: p.Capacity, MaxKicks: p.MaxKicks, Expansion: p.Expansion, PageBytes: p.PageBytes,
-		WindowMillis: p.Window.Milliseconds(), Generations: p.Generations, GenerationSpanMillis: span}
+		WindowMillis: p.Window.Milliseconds(), Generations: p.Generations, GenerationSpanMillis: span, Key: "key"}
 	if pr.Params != wantParams || meta.Params != p || pr.FormatVersion != meta.FormatVersion {
 		t.Errorf("%s: params %+v (format %d), want %+v (stored %s, format %d)", s.tp, pr.Params, pr.FormatVersion, wantParams, meta.Params, meta.FormatVersion)
 	}
@@ -290,6 +291,7 @@ func TestInspectText(t *testing.T) {
 		want := []string{
 			fmt.Sprintf("%s: checkpoint offset %d (leader epoch %d)", s.tp, len(s.recs), s.epoch),
 			fmt.Sprintf("bucket size %d, capacity %d, page bytes %d, expansion %d, max kicks %d", p.BucketSize, p.Capacity, p.PageBytes, p.Expansion, p.MaxKicks),
+			"key:       key (KDEDUP_KEY)",
 			fmt.Sprintf("total:     %d items in %d slots, load %.4f, estimated FPR %.3g, %d bytes, %d sub-filters in %d %s, near full: no",
 				st.Items, st.Slots, st.LoadFactor, st.EstimatedFPR, st.Bytes, st.SubFilters, st.Generations, plural(st.Generations, "generation", "generations")),
 		}
