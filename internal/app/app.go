@@ -22,7 +22,6 @@ import (
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/consumer"
 	"github.com/kdedup/kdedup/dedup"
-	"github.com/kdedup/kdedup/filter"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -141,17 +140,7 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 		MaxOccurrences: cfg.MaxOccurrences,
 		Refresh:        cfg.WindowRefresh,
 		Staged:         delivery(cfg) == consumer.ExactlyOnce,
-		Filter: filter.Params{
-			TargetFPR:       cfg.TargetFPR,
-			FingerprintBits: cfg.FingerprintBits,
-			BucketSize:      cfg.BucketSize,
-			Capacity:        cfg.Capacity,
-			MaxKicks:        cfg.MaxKicks,
-			Expansion:       cfg.Expansion,
-			PageBytes:       int(cfg.PageBytes),
-			Window:          cfg.Window,
-			Generations:     cfg.WindowGenerations,
-		},
+		Filter:         cfg.FilterParams(),
 	}, nil
 }
 
