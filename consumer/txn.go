@@ -37,6 +37,7 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 	// transaction has a whole write batch of room.
 	pages := 1
 	for ctx.Err() == nil {
+		w.live.stamp("polling and running a transaction")
 		maxRecords := int(max(1, min(pollRecords, w.opts.FlushBytes/int64(w.opts.PageBytes)/2/int64(pages))))
 		pctx, cancel := context.WithTimeout(ctx, w.opts.FlushInterval)
 		fetches := w.sess.PollRecords(pctx, maxRecords)
