@@ -33,6 +33,29 @@ func (p Progress) Stalled(now time.Time, bound time.Duration) bool {
 // wait returns no records and loses none.
 const pollTick = time.Second
 
+// closeWait bounds how long shutdown waits for the Kafka client to close.
+// Closing waits for a group join in flight, which the coordinator answers
+// only when the rebalance completes: after every member rejoined or, for a
+// static member that has stopped, its session timeout. A worker stopping by
+// then has released its partitions; not waiting only delays, by at most a
+// session timeout, the group's noticing it left.
+const closeWait = 5 * time.Second
+
+// closeClient closes the Kafka client, waiting for it at most closeWait.
+func (w *Worker) closeClient() {
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		w.cl.Close()
+	}()
+	select {
+	case <-closed:
+	case <-time.After(closeWait):
+		w.log.Warn("the Kafka client did not close in time (a group join in flight, or the brokers unreachable); not waiting for it: the group notices the departure within the session timeout",
+			"waited", closeWait, "session_timeout", w.opts.SessionTimeout)
+	}
+}
+
 // liveness holds a Worker's Progress. Its methods are safe for concurrent
 // use.
 type liveness struct {

@@ -408,7 +408,7 @@ func (w *Worker) shutdown() error {
 		}
 	}
 	w.live.stamp("closing the Kafka client (leaving the group)")
-	w.cl.Close()
+	w.closeClient()
 	if w.opts.InstanceID != "" {
 		w.log.Info("closed; as a static member the worker stays in the group until the session timeout, so a restart with the same instance id resumes its partitions without a rebalance",
 			"instance_id", w.opts.InstanceID, "session_timeout", w.opts.SessionTimeout)

@@ -228,3 +228,49 @@ func TestShutdownBoundedWhenDataDirRemoved(t *testing.T) {
 		t.Logf("exited %s after SIGTERM: %s", took.Round(time.Millisecond), m)
 	}
 }
+
+// TestSIGTERMDuringJoin: a worker whose JoinGroup waits for a static member
+// that has stopped (the coordinator holds the join until that member's
+// session expires) stops promptly and cleanly on SIGTERM.
+func TestSIGTERMDuringJoin(t *testing.T) {
+	const session = 30 * time.Second
+	p := newPipeline(t, 2)
+	gone := p.startProcess(t, t.TempDir(), "KDEDUP_LOG_LEVEL=info", "KDEDUP_INSTANCE_ID=gone", "KDEDUP_SESSION_TIMEOUT="+session.String())
+	gone.waitReady(t)
+	if err := gone.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.cmd.Wait(); err != nil {
+		t.Fatalf("first member: %v", err)
+	}
+	// A static member that stops stays in the group for its session.
+	joiner := p.startProcess(t, t.TempDir(), "KDEDUP_INSTANCE_ID=joiner", "KDEDUP_SESSION_TIMEOUT="+session.String(), "KDEDUP_LOG_LEVEL=debug")
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(joiner.logText(t), "wrote JoinGroup") {
+		if time.Now().After(deadline) {
+			t.Fatal("the second member sent no JoinGroup within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if strings.Contains(joiner.logText(t), "read JoinGroup") {
+		t.Fatal("the join completed at once: the coordinator did not wait for the stopped static member, nothing to test")
+	}
+	if err := joiner.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	signaled := time.Now()
+	exited := make(chan error, 1)
+	go func() { exited <- joiner.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("worker stopped during its join with %v, want exit 0", err)
+		}
+	case <-time.After(session):
+		t.Fatalf("worker still running %s after SIGTERM during its join", session)
+	}
+	if d := time.Since(signaled); d > 10*time.Second {
+		t.Errorf("worker took %s to stop during its join", d.Round(time.Millisecond))
+	}
+}
