@@ -42,9 +42,9 @@ func (b *ByteSize) UnmarshalText(text []byte) error {
 	return nil
 }
 
-// Floor rounds b down to a whole MiB when it is at least 1MiB, for limits
+// FloorMiB rounds b down to a whole MiB when it is at least 1MiB, for limits
 // printed to users ("99MiB" rather than "104473088B").
-func (b ByteSize) Floor() ByteSize {
+func (b ByteSize) FloorMiB() ByteSize {
 	if b < MiB {
 		return b
 	}

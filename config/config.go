@@ -339,9 +339,11 @@ func (c Config) Validate() error {
 	filterOK := bucketOK && (c.FingerprintBits == 0 || c.FingerprintBits >= 4 && c.FingerprintBits <= 32) &&
 		c.TargetFPR > 0 && c.TargetFPR < 1 && c.WindowGenerations >= 1 && c.WindowGenerations <= maxWindowGenerations && c.Window >= 0
 	pageOK := c.PageBytes >= minPageBytes && c.PageBytes <= maxPageBytes && c.PageBytes&(c.PageBytes-1) == 0
-	if most := c.FilterParams().MaxCapacity(); filterOK && pageOK && c.Capacity <= maxCapacity && c.Capacity > most {
-		v.add("Capacity", c.Capacity, fmt.Sprintf("must be at most %d keys with PAGE_BYTES=%v and %d-bit fingerprints: the first sub-filter holds at most 2^20 pages; raise PAGE_BYTES or lower CAPACITY",
-			most, c.PageBytes, c.FilterParams().SubFilterBits(0)))
+	if filterOK && pageOK && c.Capacity <= maxCapacity {
+		if most := c.FilterParams().MaxCapacity(); c.Capacity > most {
+			v.add("Capacity", c.Capacity, fmt.Sprintf("must be at most %d keys with PAGE_BYTES=%v and %d-bit fingerprints: the first sub-filter holds at most 2^20 pages; raise PAGE_BYTES or lower CAPACITY",
+				most, c.PageBytes, c.FilterParams().SubFilterBits(0)))
+		}
 	}
 	if c.MaxKicks < 1 || c.MaxKicks > maxMaxKicks {
 		v.add("MaxKicks", c.MaxKicks, fmt.Sprintf("must be from 1 to %d", maxMaxKicks))
@@ -390,7 +392,7 @@ func (c Config) Validate() error {
 		v.add("FlushBytes", c.FlushBytes, fmt.Sprintf("must be at most %v", ByteSize(maxFlushBytes)))
 	} else if most := ByteSize(store.MaxFlushBytes(int(c.PageBytes))); pageOK && c.FlushBytes > most {
 		v.add("FlushBytes", c.FlushBytes, fmt.Sprintf("must be at most %v with PAGE_BYTES=%v: one write batch is one Badger transaction, at most 15%% of a memtable of 1GiB, and smaller pages weigh more per byte (keys)",
-			most.Floor(), c.PageBytes))
+			most.FloorMiB(), c.PageBytes))
 	}
 
 	// Operations.
@@ -407,8 +409,6 @@ func (c Config) Validate() error {
 	}
 	if c.ShutdownTimeout < minShutdownTimeout || c.ShutdownTimeout > maxShutdownTimeout {
 		v.add("ShutdownTimeout", c.ShutdownTimeout, fmt.Sprintf("must be from %s to %s", formatDuration(minShutdownTimeout), formatDuration(maxShutdownTimeout)))
-	} else if c.FlushInterval >= minFlushInterval && c.FlushInterval <= maxFlushInterval && c.ShutdownTimeout <= c.FlushInterval {
-		v.add("ShutdownTimeout", c.ShutdownTimeout, fmt.Sprintf("must be more than FLUSH_INTERVAL, %s: a stop finishes a write batch", formatDuration(c.FlushInterval)))
 	}
 	switch {
 	case c.LivenessTimeout == 0:
