@@ -42,6 +42,15 @@ func (b *ByteSize) UnmarshalText(text []byte) error {
 	return nil
 }
 
+// FloorMiB rounds b down to a whole MiB when it is at least 1MiB, for limits
+// printed to users ("99MiB" rather than "104473088B").
+func (b ByteSize) FloorMiB() ByteSize {
+	if b < MiB {
+		return b
+	}
+	return b / MiB * MiB
+}
+
 // String formats b exactly, in the largest IEC unit that divides it evenly
 // ("4KiB", "256MiB"), or in bytes ("1000000000B") when none does, so that the
 // result parses back to the same value.

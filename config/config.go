@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
+
+	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/store"
 )
 
 // Prefix starts the name of every variable kdedup reads.
@@ -62,7 +65,7 @@ type Config struct {
 	TargetFPR       float64 `env:"TARGET_FPR" envDefault:"0.0001" doc:"False-positive rate (false drops) each partition's filter stays under as it grows: each new sub-filter gets half the remaining budget and one more fingerprint bit; between 0 and 1"`
 	FingerprintBits int     `env:"FINGERPRINT_BITS" envDefault:"0" doc:"Fixed fingerprint width for every sub-filter, 4 to 32 bits, overriding TARGET_FPR (the rate then grows with each sub-filter, about 2*BUCKET_SIZE*load/2^bits each); 0 derives widths from TARGET_FPR"`
 	BucketSize      int     `env:"BUCKET_SIZE" envDefault:"4" doc:"Fingerprint slots per bucket: 2, 4 or 8"`
-	Capacity        uint64  `env:"CAPACITY" envDefault:"1000000" doc:"Keys the first sub-filter of each topic-partition holds, 1 to 2^32"`
+	Capacity        uint64  `env:"CAPACITY" envDefault:"1000000" doc:"Keys the first sub-filter of each topic-partition holds, from 1 to what 2^20 pages of PAGE_BYTES hold (about 1.9 billion with 4KiB pages and 18-bit fingerprints, 2^32 at most with larger pages)"`
 	MaxKicks        int     `env:"MAX_KICKS" envDefault:"500" doc:"Evictions an insert tries before a new sub-filter is added to the chain, 1 to 100000"`
 	Expansion       int     `env:"EXPANSION" envDefault:"2" doc:"Capacity of each new sub-filter as a multiple of the previous one, 1 to 64"`
 
@@ -71,12 +74,16 @@ type Config struct {
 	PageBytes     ByteSize      `env:"PAGE_BYTES" envDefault:"4KiB" doc:"Size of a filter page on disk and in the cache: a power of two from 512B to 64KiB, and at least one bucket"`
 	CacheBytes    ByteSize      `env:"CACHE_BYTES" envDefault:"256MiB" doc:"Memory for cached filter pages, shared by all partitions; at least 16*PAGE_BYTES"`
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s" doc:"Longest time a changed page stays unwritten, 10ms to 1h"`
-	FlushBytes    ByteSize      `env:"FLUSH_BYTES" envDefault:"8MiB" doc:"Changed bytes that start a flush before FLUSH_INTERVAL ends, PAGE_BYTES to 128MiB (one write batch is one Badger transaction); dirty pages, up to this much per partition, are held on top of CACHE_BYTES"`
+	FlushBytes    ByteSize      `env:"FLUSH_BYTES" envDefault:"8MiB" doc:"Changed bytes that start a flush before FLUSH_INTERVAL ends, PAGE_BYTES to 128MiB, and at most what one Badger transaction holds (about 99MiB with 512B pages, 120MiB with 1KiB pages: one write batch is one transaction); dirty pages, up to this much per partition, are held on top of CACHE_BYTES"`
 
 	// Operations.
 	HTTPAddr  string `env:"HTTP_ADDR" envDefault:":8080" doc:"HTTP listen address for metrics and health probes, host:port; port 0 picks a free port"`
 	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" doc:"Least severe level logged: debug, info, warn or error"`
 	LogFormat string `env:"LOG_FORMAT" envDefault:"json" doc:"Log format: json or text"`
+	// ShutdownTimeout and LivenessTimeout bound a worker that stops making
+	// progress: the first exits, the second fails /healthz.
+	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"70s" doc:"Longest a stop (SIGTERM, or a failure) may take, 1s to 1h: a worker still stopping after it exits with code 1 naming what it was waiting for; keep it under the pod's terminationGracePeriodSeconds (the chart sets it 5s under)"`
+	LivenessTimeout time.Duration `env:"LIVENESS_TIMEOUT" envDefault:"0s" doc:"/healthz answers 503 once the worker's poll loop or its shutdown has made no progress for this long (an idle input is progress), 10s to 2h and at least 2*SESSION_TIMEOUT (how long a transaction's end or a produce may wait out a broker outage); 0 derives it: 2*SESSION_TIMEOUT plus 1m, at least 5m"`
 }
 
 // Limits enforced by Validate; the doc tags on Config state them for users.
@@ -96,6 +103,10 @@ const (
 	minSessionTimeout    = time.Second
 	maxSessionTimeout    = 30 * time.Minute
 	maxTopicNameLength   = 249 // Kafka's limit, from org.apache.kafka.common.internals.Topic.
+	minShutdownTimeout   = time.Second
+	maxShutdownTimeout   = time.Hour
+	minLivenessTimeout   = 10 * time.Second
+	maxLivenessTimeout   = 2 * time.Hour
 )
 
 const (
@@ -105,8 +116,12 @@ const (
 
 // Load reads the configuration from the process environment, applies
 // defaults, and validates it. Every problem, whether a value that does not
-// parse, a missing required variable or a broken rule, is reported in one
-// *[Error]; the Config is then the zero value.
+// parse, a missing required variable, a broken rule or a KDEDUP_* variable
+// that is not a field of Config (a misspelt name, reported with the closest
+// known one), is reported in one *[Error]; the Config is then the zero
+// value. Variables that Kubernetes sets for Services whose names start with
+// "kdedup" (KDEDUP_METRICS_SERVICE_HOST, KDEDUP_PORT=tcp://...) are not
+// judged.
 func Load() (Config, error) {
 	return LoadFrom(env.ToMap(os.Environ()))
 }
@@ -138,6 +153,8 @@ func LoadFrom(environ map[string]string) (Config, error) {
 			unparsed[p.Var] = true
 		}
 	}
+
+	problems = append(problems, unknownProblems(environ, fields)...)
 
 	if err := c.Validate(); err != nil {
 		var verr *Error
@@ -319,6 +336,15 @@ func (c Config) Validate() error {
 	if c.Capacity < 1 || c.Capacity > maxCapacity {
 		v.add("Capacity", c.Capacity, fmt.Sprintf("must be from 1 to %d keys", uint64(maxCapacity)))
 	}
+	filterOK := bucketOK && (c.FingerprintBits == 0 || c.FingerprintBits >= 4 && c.FingerprintBits <= 32) &&
+		c.TargetFPR > 0 && c.TargetFPR < 1 && c.WindowGenerations >= 1 && c.WindowGenerations <= maxWindowGenerations && c.Window >= 0
+	pageOK := c.PageBytes >= minPageBytes && c.PageBytes <= maxPageBytes && c.PageBytes&(c.PageBytes-1) == 0
+	if filterOK && pageOK && c.Capacity <= maxCapacity {
+		if most := c.FilterParams().MaxCapacity(); c.Capacity > most {
+			v.add("Capacity", c.Capacity, fmt.Sprintf("must be at most %d keys with PAGE_BYTES=%v and %d-bit fingerprints: the first sub-filter holds at most 2^20 pages; raise PAGE_BYTES or lower CAPACITY",
+				most, c.PageBytes, c.FilterParams().SubFilterBits(0)))
+		}
+	}
 	if c.MaxKicks < 1 || c.MaxKicks > maxMaxKicks {
 		v.add("MaxKicks", c.MaxKicks, fmt.Sprintf("must be from 1 to %d", maxMaxKicks))
 	}
@@ -350,7 +376,6 @@ func (c Config) Validate() error {
 	if c.DataDir == "" {
 		v.add("DataDir", c.DataDir, "must not be empty")
 	}
-	pageOK := c.PageBytes >= minPageBytes && c.PageBytes <= maxPageBytes && c.PageBytes&(c.PageBytes-1) == 0
 	if !pageOK {
 		v.add("PageBytes", c.PageBytes, fmt.Sprintf("must be a power of two from %v to %v (KB and MB are powers of 1000; use KiB or MiB)", ByteSize(minPageBytes), maxPageBytes))
 	}
@@ -365,6 +390,9 @@ func (c Config) Validate() error {
 	}
 	if c.FlushBytes > maxFlushBytes {
 		v.add("FlushBytes", c.FlushBytes, fmt.Sprintf("must be at most %v", ByteSize(maxFlushBytes)))
+	} else if most := ByteSize(store.MaxFlushBytes(int(c.PageBytes))); pageOK && c.FlushBytes > most {
+		v.add("FlushBytes", c.FlushBytes, fmt.Sprintf("must be at most %v with PAGE_BYTES=%v: one write batch is one Badger transaction, at most 15%% of a memtable of 1GiB, and smaller pages weigh more per byte (keys)",
+			most.FloorMiB(), c.PageBytes))
 	}
 
 	// Operations.
@@ -378,6 +406,16 @@ func (c Config) Validate() error {
 	}
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		v.add("LogFormat", c.LogFormat, "must be json or text")
+	}
+	if c.ShutdownTimeout < minShutdownTimeout || c.ShutdownTimeout > maxShutdownTimeout {
+		v.add("ShutdownTimeout", c.ShutdownTimeout, fmt.Sprintf("must be from %s to %s", formatDuration(minShutdownTimeout), formatDuration(maxShutdownTimeout)))
+	}
+	switch {
+	case c.LivenessTimeout == 0:
+	case c.LivenessTimeout < minLivenessTimeout || c.LivenessTimeout > maxLivenessTimeout:
+		v.add("LivenessTimeout", c.LivenessTimeout, fmt.Sprintf("must be 0 (derived) or from %s to %s", formatDuration(minLivenessTimeout), formatDuration(maxLivenessTimeout)))
+	case c.SessionTimeout >= minSessionTimeout && c.SessionTimeout <= maxSessionTimeout && c.LivenessTimeout < 2*c.SessionTimeout:
+		v.add("LivenessTimeout", c.LivenessTimeout, fmt.Sprintf("must be 0 (derived) or at least 2*SESSION_TIMEOUT, %s: a transaction's end or a produce may wait that long for the brokers", formatDuration(2*c.SessionTimeout)))
 	}
 
 	if len(v.problems) == 0 {
@@ -474,6 +512,32 @@ func formatDuration(d time.Duration) string {
 }
 
 func isSpace(r rune) bool { return r == ' ' || r == '\t' || r == '\n' || r == '\r' }
+
+// FilterParams are the filter parameters of every topic-partition's chain,
+// from TARGET_FPR, FINGERPRINT_BITS, BUCKET_SIZE, CAPACITY, MAX_KICKS,
+// EXPANSION, PAGE_BYTES, WINDOW and WINDOW_GENERATIONS.
+func (c Config) FilterParams() filter.Params {
+	return filter.Params{
+		TargetFPR:       c.TargetFPR,
+		FingerprintBits: c.FingerprintBits,
+		BucketSize:      c.BucketSize,
+		Capacity:        c.Capacity,
+		MaxKicks:        c.MaxKicks,
+		Expansion:       c.Expansion,
+		PageBytes:       int(c.PageBytes),
+		Window:          c.Window,
+		Generations:     c.WindowGenerations,
+	}
+}
+
+// Liveness is LIVENESS_TIMEOUT, or when it is 0 the value it derives:
+// 2*SESSION_TIMEOUT plus a minute, at least 5 minutes.
+func (c Config) Liveness() time.Duration {
+	if c.LivenessTimeout > 0 {
+		return c.LivenessTimeout
+	}
+	return max(5*time.Minute, 2*c.SessionTimeout+time.Minute)
+}
 
 // KeyKind says where a record's deduplication key comes from; see KEY.
 type KeyKind int

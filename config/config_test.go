@@ -2,11 +2,13 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -79,6 +81,7 @@ func TestLoadDefaults(t *testing.T) {
 		HTTPAddr:          ":8080",
 		LogLevel:          "info",
 		LogFormat:         "json",
+		ShutdownTimeout:   70 * time.Second,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -127,7 +130,17 @@ func TestLoadValid(t *testing.T) {
 		{"fingerprint 12", []string{"KDEDUP_FINGERPRINT_BITS", "12"}, func(c Config) bool { return c.FingerprintBits == 12 }},
 		{"target fpr", []string{"KDEDUP_TARGET_FPR", "1e-6"}, func(c Config) bool { return c.TargetFPR == 1e-6 }},
 		{"bucket 8", []string{"KDEDUP_BUCKET_SIZE", "8"}, func(c Config) bool { return c.BucketSize == 8 }},
-		{"capacity max", []string{"KDEDUP_CAPACITY", "4294967296"}, func(c Config) bool { return c.Capacity == 1<<32 }},
+		{"capacity max, with 16KiB pages", []string{"KDEDUP_CAPACITY", "4294967296", "KDEDUP_PAGE_BYTES", "16KiB"}, func(c Config) bool { return c.Capacity == 1<<32 }},
+		{"capacity max with 4KiB pages", []string{"KDEDUP_CAPACITY", strconv.FormatUint(filterMaxCapacity(t), 10)}, func(c Config) bool { return c.Capacity == filterMaxCapacity(t) }},
+		{"flush bytes max with 512B pages", []string{"KDEDUP_FLUSH_BYTES", "99MiB", "KDEDUP_PAGE_BYTES", "512"}, func(c Config) bool { return c.FlushBytes == 99*MiB }},
+		{"shutdown timeout", []string{"KDEDUP_SHUTDOWN_TIMEOUT", "10m"}, func(c Config) bool { return c.ShutdownTimeout == 10*time.Minute }},
+		{"liveness derived", []string{"KDEDUP_SESSION_TIMEOUT", "10m"}, func(c Config) bool { return c.Liveness() == 21*time.Minute }},
+		{"liveness derived minimum", nil, func(c Config) bool { return c.Liveness() == 5*time.Minute }},
+		{"liveness set", []string{"KDEDUP_LIVENESS_TIMEOUT", "90s"}, func(c Config) bool { return c.Liveness() == 90*time.Second }},
+		{"kubernetes service links", []string{"KDEDUP_METRICS_SERVICE_HOST", "10.0.0.1", "KDEDUP_METRICS_SERVICE_PORT", "8080",
+			"KDEDUP_METRICS_SERVICE_PORT_HTTP", "8080", "KDEDUP_METRICS_PORT", "tcp://10.0.0.1:8080", "KDEDUP_METRICS_PORT_8080_TCP", "tcp://10.0.0.1:8080",
+			"KDEDUP_METRICS_PORT_8080_TCP_PROTO", "tcp", "KDEDUP_METRICS_PORT_8080_TCP_PORT", "8080", "KDEDUP_METRICS_PORT_8080_TCP_ADDR", "10.0.0.1",
+			"KDEDUP_SERVICE_HOST", "10.0.0.2", "KDEDUP_PORT", "tcp://10.0.0.2:8080"}, func(c Config) bool { return c.Group == "kdedup" }},
 		{"page min", []string{"KDEDUP_PAGE_BYTES", "512"}, func(c Config) bool { return c.PageBytes == 512 }},
 		{"page max", []string{"KDEDUP_PAGE_BYTES", "64KiB"}, func(c Config) bool { return c.PageBytes == 64*KiB }},
 		{"cache exactly 16 pages", []string{"KDEDUP_PAGE_BYTES", "64KiB", "KDEDUP_CACHE_BYTES", "1MiB"}, func(c Config) bool { return c.CacheBytes == MiB }},
@@ -267,6 +280,14 @@ func TestLoadRejects(t *testing.T) {
 		{"sasl mechanism unknown", "KDEDUP_SASL_MECHANISM", "GSSAPI"},
 		{"sasl user without mechanism", "KDEDUP_SASL_USERNAME", "kdedup"},
 		{"sasl password file missing", "KDEDUP_SASL_PASSWORD_FILE", "/nonexistent/kdedup/password"},
+		{"capacity above what 2^20 pages hold", "KDEDUP_CAPACITY", "4294967296"},
+		{"shutdown timeout 0", "KDEDUP_SHUTDOWN_TIMEOUT", "0s"},
+		{"shutdown timeout high", "KDEDUP_SHUTDOWN_TIMEOUT", "2h"},
+		{"liveness timeout low", "KDEDUP_LIVENESS_TIMEOUT", "5s"},
+		{"liveness timeout under 2*session", "KDEDUP_LIVENESS_TIMEOUT", "80s"},
+		{"liveness timeout high", "KDEDUP_LIVENESS_TIMEOUT", "3h"},
+		{"unknown variable", "KDEDUP_DELIVER", "exactly-once"},
+		{"unknown variable, far from any", "KDEDUP_FROBNICATE", "1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := LoadFrom(with(tc.env, tc.value))
@@ -642,5 +663,95 @@ func TestSASLSecrets(t *testing.T) {
 	c.SASLPassword = "hunter2"
 	if err := c.Validate(); err == nil || strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("Validate: %v", err)
+	}
+}
+
+// Values that pass each variable's own rule but that the filter or the
+// store would refuse once a partition is assigned are refused at start-up,
+// naming the variable whose limit they break.
+// maxCapacity is the largest capacity the filter takes with the defaults
+// and kv (name, value pairs), asked of the filter itself.
+func filterMaxCapacity(t *testing.T, kv ...string) uint64 {
+	t.Helper()
+	c, err := LoadFrom(with(kv...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.FilterParams().MaxCapacity()
+}
+
+func maxCapacityReason(t *testing.T, kv ...string) string {
+	return fmt.Sprintf("at most %d keys", filterMaxCapacity(t, kv...))
+}
+
+func TestLoadRejectsWhatTheStateWouldRefuse(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		kv      []string
+		wantVar string
+		want    string
+	}{
+		{"capacity 2^32 with 4KiB pages", []string{"KDEDUP_CAPACITY", "4294967296"}, "KDEDUP_CAPACITY", maxCapacityReason(t)},
+		{"capacity with 512B pages", []string{"KDEDUP_CAPACITY", "300000000", "KDEDUP_PAGE_BYTES", "512"}, "KDEDUP_CAPACITY", maxCapacityReason(t, "KDEDUP_PAGE_BYTES", "512")},
+		{"capacity with 32-bit fingerprints", []string{"KDEDUP_CAPACITY", "1500000000", "KDEDUP_FINGERPRINT_BITS", "32"}, "KDEDUP_CAPACITY", maxCapacityReason(t, "KDEDUP_FINGERPRINT_BITS", "32")},
+		{"flush bytes 128MiB with 512B pages", []string{"KDEDUP_FLUSH_BYTES", "128MiB", "KDEDUP_PAGE_BYTES", "512"}, "KDEDUP_FLUSH_BYTES", "at most 99MiB with PAGE_BYTES=512"},
+		{"flush bytes 128MiB with 1KiB pages", []string{"KDEDUP_FLUSH_BYTES", "128MiB", "KDEDUP_PAGE_BYTES", "1KiB"}, "KDEDUP_FLUSH_BYTES", "at most 120MiB"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadFrom(with(tc.kv...))
+			ps := problemsOf(t, err)
+			if len(ps) != 1 || ps[0].Var != tc.wantVar || !strings.Contains(ps[0].Reason, tc.want) {
+				t.Fatalf("problems %v, want one on %s saying %q", ps, tc.wantVar, tc.want)
+			}
+		})
+	}
+	// The limits are the owners': the largest capacity config accepts the
+	// filter accepts, and one more it refuses.
+	c, err := LoadFrom(with("KDEDUP_CAPACITY", strconv.FormatUint(filterMaxCapacity(t), 10)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.FilterParams().Validate(); err != nil {
+		t.Errorf("config accepts capacity %d, the filter refuses it: %v", c.Capacity, err)
+	}
+	p := c.FilterParams()
+	p.Capacity++
+	if err := p.Validate(); err == nil {
+		t.Errorf("the filter accepts capacity %d, one above what config accepts", p.Capacity)
+	}
+}
+
+// An unknown KDEDUP_ variable names the closest known one, hides a value
+// that may be a secret, and is ignored when empty.
+func TestLoadUnknownVariables(t *testing.T) {
+	for _, tc := range []struct {
+		name, value, want, wantValue string
+	}{
+		{"KDEDUP_DELIVER", "exactly-once", "did you mean KDEDUP_DELIVERY?", "exactly-once"},
+		{"KDEDUP_INPUT_TOPIC", "orders", "did you mean KDEDUP_INPUT_TOPICS?", "orders"},
+		{"KDEDUP_BROKER", "k:9092", "did you mean KDEDUP_BROKERS?", "k:9092"},
+		{"KDEDUP_SASL_PASSWROD", "hunter2", "did you mean KDEDUP_SASL_PASSWORD?", hiddenValue},
+		{"KDEDUP_API_TOKEN", "t0ken", "did you mean", hiddenValue},
+		{"KDEDUP_FLUSHBYTES", "1MiB", "did you mean KDEDUP_FLUSH_BYTES?", "1MiB"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadFrom(with(tc.name, tc.value))
+			ps := problemsOf(t, err)
+			if len(ps) != 1 || ps[0].Var != tc.name || ps[0].Value != tc.wantValue || !strings.Contains(ps[0].Reason, tc.want) {
+				t.Fatalf("problems %v, want one on %s=%s saying %q", ps, tc.name, tc.wantValue, tc.want)
+			}
+		})
+	}
+	environ := with("KDEDUP_DELIVER", "exactly-once", "KDEDUP_BUCKET_SIZE", "3")
+	environ["KDEDUP_UNUSED"] = ""
+	environ["OTHER_DELIVERY"] = "exactly-once"
+	_, err := LoadFrom(environ)
+	var vars []string
+	for _, p := range problemsOf(t, err) {
+		vars = append(vars, p.Var)
+	}
+	slices.Sort(vars)
+	if !slices.Equal(vars, []string{"KDEDUP_BUCKET_SIZE", "KDEDUP_DELIVER"}) {
+		t.Errorf("problems on %v, want KDEDUP_BUCKET_SIZE and KDEDUP_DELIVER (an empty or unprefixed variable is no problem)", vars)
 	}
 }

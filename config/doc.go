@@ -14,6 +14,9 @@
 // problem per restart.
 //
 // A variable that is set but empty takes its default, as an unset one does.
+// A non-empty KDEDUP_* variable that Config does not have stops start-up
+// like a bad value, naming the closest known variable: a misspelt name
+// must not silently leave a setting at its default.
 //
 // Other packages never import config: cmd/kdedup copies the fields they need
 // into each package's own Options struct.

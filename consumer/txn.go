@@ -37,6 +37,7 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 	// sized like every other.
 	maxRecords := int(max(1, min(pollRecords, w.opts.FlushBytes/int64(w.opts.PageBytes)/2/int64(w.opts.MaxDirtyPagesPerRecord))))
 	for ctx.Err() == nil {
+		w.live.stamp("polling and running a transaction")
 		pctx, cancel := context.WithTimeout(ctx, w.opts.FlushInterval)
 		fetches := w.sess.PollRecords(pctx, maxRecords)
 		cancel()

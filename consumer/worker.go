@@ -191,6 +191,8 @@ type Worker struct {
 	fatalOnce  sync.Once
 	fatalErr   error
 	cancelPoll context.CancelFunc
+
+	live *liveness
 }
 
 type topicPartition struct {
@@ -224,6 +226,7 @@ func New(opts Options) (*Worker, error) {
 		opts:  opts,
 		log:   opts.Logger,
 		parts: map[topicPartition]*partition{},
+		live:  newLiveness(),
 	}
 	w.m = newMetrics(opts.Registerer, w)
 	return w, nil
@@ -371,7 +374,7 @@ func (w *Worker) publish(sess *kgo.GroupTransactSession, cl *kgo.Client) {
 // partition goroutines, which produce, flush and mark offsets themselves.
 func (w *Worker) pollLoop(ctx context.Context) {
 	for {
-		fetches := w.cl.PollRecords(ctx, pollRecords)
+		fetches := w.poll(ctx)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			return
 		}
@@ -452,6 +455,7 @@ func (w *Worker) release() {
 }
 
 func (w *Worker) shutdown() error {
+	w.live.stop("stopping partitions (finishing their write batches)")
 	w.mu.Lock()
 	w.closing = true
 	w.mu.Unlock()
@@ -462,11 +466,13 @@ func (w *Worker) shutdown() error {
 	defer cancel()
 	w.release()
 	if w.sess == nil {
+		w.live.stamp("committing group offsets")
 		if err := w.cl.CommitMarkedOffsets(ctx); err != nil {
 			w.log.Warn("committing group offsets at shutdown; the next owner resumes from the Badger checkpoint", "err", err)
 		}
 	}
-	w.cl.Close()
+	w.live.stamp("closing the Kafka client (leaving the group)")
+	w.closeClient()
 	if w.opts.InstanceID != "" {
 		w.log.Info("closed; as a static member the worker stays in the group until the session timeout, so a restart with the same instance id resumes its partitions without a rebalance",
 			"instance_id", w.opts.InstanceID, "session_timeout", w.opts.SessionTimeout)

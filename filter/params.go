@@ -169,10 +169,26 @@ func (p Params) Validate() error {
 	if len(p.KeySpec) > maxKeySpecBytes {
 		errs = append(errs, fmt.Errorf("filter: key spec of %d bytes: at most %d", len(p.KeySpec), maxKeySpecBytes))
 	}
-	if len(errs) == 0 && p.firstPages() > 1<<maxPageBits {
-		errs = append(errs, fmt.Errorf("filter: capacity %d needs more than 2^%d pages of %d bytes: raise the page size", p.Capacity, maxPageBits, p.PageBytes))
+	if len(errs) == 0 && p.Capacity > p.MaxCapacity() {
+		errs = append(errs, fmt.Errorf("filter: capacity %d needs more than 2^%d pages of %d bytes (at most %d keys): raise the page size", p.Capacity, maxPageBits, p.PageBytes, p.MaxCapacity()))
 	}
 	return errors.Join(errs...)
+}
+
+// MaxCapacity is the largest Capacity that Validate accepts with p's other
+// fields (after defaults): the first sub-filter has at most 2^20 pages, so
+// the bound grows with PageBytes and shrinks as the first sub-filter's
+// fingerprints widen (TargetFPR, FingerprintBits, Window and Generations).
+// About 1.9 billion keys at the defaults (4 KiB pages, 18-bit
+// fingerprints). It returns 0 when a field it depends on is invalid.
+func (p Params) MaxCapacity() uint64 {
+	p = p.WithDefaults()
+	switch {
+	case p.BucketSize < 1, p.PageBytes < 1, p.SubFilterBits(0) < MinFingerprintBits:
+		return 0
+	}
+	perPage := p.bucketsPerPage(p.SubFilterBits(0)) * uint64(p.BucketSize)
+	return perPage << maxPageBits
 }
 
 // String formats p as the stored-versus-configured comparisons print it.

@@ -170,7 +170,7 @@ func (o Options) validate() error {
 		problems = append(problems, fmt.Sprintf("FlushBytes %d is negative", o.FlushBytes))
 	} else if o.PageBytes > 0 && o.PageBytes <= MaxPageBytes {
 		size, _ := batchLimits(o.PageBytes, o.FlushBytes)
-		if mt := memTableBytes(size); mt > maxMemTableBytes {
+		if mt := memTableBytes(size); o.FlushBytes > MaxFlushBytes(o.PageBytes) {
 			problems = append(problems, fmt.Sprintf(
 				"FlushBytes %d: a write batch of up to %d bytes needs a Badger memtable of %d bytes, above the %d-byte limit",
 				o.FlushBytes, size, mt, int64(maxMemTableBytes)))
@@ -180,6 +180,32 @@ func (o Options) validate() error {
 		return fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// MaxFlushBytes is the largest Options.FlushBytes that Open accepts with
+// pages of pageBytes (1 to MaxPageBytes): the write batch it allows must fit
+// in one Badger transaction, which Badger limits to 15% of a memtable, and
+// the memtable is at most 1 GiB. About 140 MiB with 4 KiB pages, less with
+// smaller pages, whose keys weigh more. It returns 0 for a pageBytes out of
+// range.
+func MaxFlushBytes(pageBytes int) int64 {
+	if pageBytes < 1 || pageBytes > MaxPageBytes {
+		return 0
+	}
+	fits := func(flushBytes int64) bool {
+		size, _ := batchLimits(pageBytes, flushBytes)
+		return memTableBytes(size) <= maxMemTableBytes
+	}
+	lo, hi := int64(0), int64(maxMemTableBytes) // fits(lo), !fits(hi)
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if fits(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
 }
 
 // batchLimits returns the largest Badger transaction, in Badger's own size

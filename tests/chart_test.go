@@ -138,6 +138,8 @@ http:
   port: 9090
 persistence:
   mountPath: /data/kdedup
+shutdownTimeout: 100s
+livenessTimeout: 4m
 `
 
 // podName marks an env entry that must carry the pod name.
@@ -187,6 +189,8 @@ var allValuesEnv = map[string]string{
 	"KDEDUP_HTTP_ADDR":          ":9090",
 	"KDEDUP_LOG_LEVEL":          "debug",
 	"KDEDUP_LOG_FORMAT":         "text",
+	"KDEDUP_SHUTDOWN_TIMEOUT":   "100s",
+	"KDEDUP_LIVENESS_TIMEOUT":   "4m",
 }
 
 // notInEnv are the variables the chart never sets, and why.
@@ -290,6 +294,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"client cert without key", "kafka: {tls: {enabled: true, existingSecret: s, certKey: tls.crt}}\n", "kafka.tls.keyKey"},
 		{"tls secret without tls", "kafka: {tls: {existingSecret: s}}\n", "kafka.tls.enabled"},
 		{"bad memory limit", "resources: {limits: {memory: 2 gigs}}\n", "resources.limits.memory"},
+		{"shutdown timeout over the grace period", "terminationGracePeriodSeconds: 60\nshutdownTimeout: 1m\n", "must be under terminationGracePeriodSeconds"},
+		{"bad liveness timeout", "livenessTimeout: soon\n", "livenessTimeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := helmTemplate(t, defaults, tc.values)
@@ -646,6 +652,19 @@ func checkGrace(t *testing.T, p *corev1.PodSpec, env map[string]corev1.EnvVar) {
 	}
 	if p.TerminationGracePeriodSeconds == nil || time.Duration(*p.TerminationGracePeriodSeconds)*time.Second <= session+flush {
 		t.Errorf("terminationGracePeriodSeconds %v, want more than session timeout %v + flush interval %v", p.TerminationGracePeriodSeconds, session, flush)
+		return
+	}
+	// A stop that hangs must end with the worker's own error (exit 1,
+	// naming what it waited for), not the kubelet's SIGKILL.
+	shutdown := 70 * time.Second // the worker's default
+	if v := env["KDEDUP_SHUTDOWN_TIMEOUT"].Value; v != "" {
+		shutdown = mustDuration(t, v)
+	}
+	if grace := time.Duration(*p.TerminationGracePeriodSeconds) * time.Second; shutdown >= grace || shutdown < grace/2 {
+		t.Errorf("KDEDUP_SHUTDOWN_TIMEOUT %v against terminationGracePeriodSeconds %v: want a little under it", shutdown, grace)
+	}
+	if p.EnableServiceLinks == nil || *p.EnableServiceLinks {
+		t.Errorf("service links enabled: Services named kdedup-* would put KDEDUP_* variables the worker does not know in its env")
 	}
 }
 

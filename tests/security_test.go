@@ -8,11 +8,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"log/slog"
 	"math/big"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -190,6 +192,9 @@ func TestKafkaAccessRefused(t *testing.T) {
 			if !errors.Is(err, app.ErrKafkaAccess) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("Run: %v; want one line wrapping ErrKafkaAccess and containing %q", err, tc.want)
 			}
+			if errors.Is(err, app.ErrConfig) {
+				t.Fatalf("Run: %v wraps ErrConfig: the binary would exit 2, a configuration error, instead of 1", err)
+			}
 			if strings.Contains(err.Error(), "right") || strings.Contains(err.Error(), "wrong") {
 				t.Fatalf("the error shows a password: %v", err)
 			}
@@ -197,6 +202,31 @@ func TestKafkaAccessRefused(t *testing.T) {
 				t.Fatalf("Run took %s to give up", d)
 			}
 			t.Logf("%s after %s", err, time.Since(start).Round(time.Millisecond))
+			if tc.mechanism == "PLAIN" {
+				requireBinaryFails(t, env, 1, tc.want)
+			}
 		})
+	}
+}
+
+// requireBinaryFails runs kdedup run with exactly env and checks that it
+// exits with code and that its last line is a JSON log line at ERROR level
+// whose err contains want.
+func requireBinaryFails(t *testing.T, env map[string]string, code int, want string) {
+	t.Helper()
+	cmd := exec.Command(binary, "run")
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Env = append(cmd.Env, "KDEDUP_LOG_FORMAT=json")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != code {
+		t.Fatalf("kdedup run: %v, want exit code %d; output:\n%s", err, code, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var last struct{ Level, Msg, Err string }
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil || last.Level != "ERROR" || !strings.Contains(last.Err, want) {
+		t.Fatalf("last output line %q: want a JSON log line at ERROR whose err contains %q (%v)", lines[len(lines)-1], want, err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -213,11 +214,13 @@ func (p *process) httpAddr(t *testing.T) string {
 }
 
 // startProcess starts the binary with the pipeline's environment; extraEnv
-// (VAR=value) overrides it.
+// (VAR=value) overrides it. The test's own KDEDUP_* variables
+// (KDEDUP_TEST_BROKERS, ...) are not passed: the worker refuses variables
+// it does not know.
 func (p *pipeline) startProcess(t *testing.T, dataDir string, extraEnv ...string) *process {
 	t.Helper()
 	cmd := exec.Command(binary, "run")
-	cmd.Env = os.Environ()
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, config.Prefix) })
 	for k, v := range maps.All(p.env(dataDir)) {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}

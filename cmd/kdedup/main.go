@@ -13,7 +13,10 @@
 // holds it locked) and print a table or, with -json, a versioned JSON
 // document. check exits 0 whether the key is present or not.
 //
-// Exit codes: 0 success, 1 runtime failure, 2 bad configuration or usage.
+// Exit codes: 0 success, 1 runtime failure (including a stop that outlasts
+// KDEDUP_SHUTDOWN_TIMEOUT), 2 bad configuration or usage; nothing else
+// exits 2. kdedup run logs the error that ends it as one structured line
+// (KDEDUP_LOG_FORMAT) at ERROR level.
 package main
 
 import (
@@ -33,19 +36,44 @@ import (
 var errUsage = errors.New("usage")
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first SIGINT or SIGTERM cancels ctx with the signal as its cause,
+	// which app.Run logs; later ones are ignored while the stop, bounded by
+	// KDEDUP_SHUTDOWN_TIMEOUT, goes on.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		for s := range sigs {
+			cancel(app.Signaled{Signal: s})
+		}
+	}()
 	err := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
+	signal.Stop(sigs)
+	var logged loggedError
+	if err != nil && !errors.As(err, &logged) {
+		fmt.Fprintln(os.Stderr, "kdedup:", err)
+	}
+	os.Exit(exitCode(err))
+}
+
+// exitCode maps the error that ends a command to the process's exit code:
+// 2 for usage and configuration errors, 1 for any other failure.
+func exitCode(err error) int {
 	switch {
 	case err == nil:
+		return 0
 	case errors.Is(err, errUsage), errors.Is(err, app.ErrConfig):
-		fmt.Fprintln(os.Stderr, "kdedup:", err)
-		os.Exit(2)
-	default:
-		fmt.Fprintln(os.Stderr, "kdedup:", err)
-		os.Exit(1)
+		return 2
 	}
+	return 1
 }
+
+// loggedError is an error that has been logged as a structured line
+// already; main does not print it again.
+type loggedError struct{ err error }
+
+func (e loggedError) Error() string { return e.err.Error() }
+func (e loggedError) Unwrap() error { return e.err }
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd := "run"

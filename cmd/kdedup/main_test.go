@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/internal/app"
 )
 
 // TestBadConfigurationIsAUsageError: every bad variable is named in one
@@ -31,6 +35,61 @@ func TestBadConfigurationIsAUsageError(t *testing.T) {
 	for _, v := range []string{"KDEDUP_BROKERS", "KDEDUP_BUCKET_SIZE=3", "KDEDUP_FLUSH_INTERVAL=soon"} {
 		if !strings.Contains(err.Error(), v) {
 			t.Errorf("error does not name %s:\n%v", v, err)
+		}
+	}
+}
+
+// TestUnknownVariableIsAUsageError: a misspelt variable stops start-up
+// with exit code 2, naming it and the variable meant, instead of running
+// with the default (here at least once instead of exactly once).
+func TestUnknownVariableIsAUsageError(t *testing.T) {
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, config.Prefix) {
+			t.Setenv(strings.SplitN(kv, "=", 2)[0], "")
+		}
+	}
+	t.Setenv("KDEDUP_BROKERS", "127.0.0.1:1")
+	t.Setenv("KDEDUP_INPUT_TOPICS", "in")
+	t.Setenv("KDEDUP_OUTPUT_TOPIC", "out")
+	t.Setenv("KDEDUP_DATA_DIR", t.TempDir())
+	t.Setenv("KDEDUP_HTTP_ADDR", "127.0.0.1:0")
+	t.Setenv("KDEDUP_DELIVER", "exactly-once")
+	// Were the variable ignored, the worker would run until canceled.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var stderr bytes.Buffer
+	err := dispatch(ctx, []string{"run"}, &stderr, &stderr)
+	if exitCode(err) != 2 {
+		t.Fatalf("error %v maps to exit code %d, want 2", err, exitCode(err))
+	}
+	for _, v := range []string{"KDEDUP_DELIVER=exactly-once", "did you mean KDEDUP_DELIVERY?"} {
+		if !strings.Contains(err.Error(), v) {
+			t.Errorf("error does not say %s:\n%v", v, err)
+		}
+	}
+	var line struct{ Level, Msg string }
+	if err := json.Unmarshal(bytes.TrimSpace(stderr.Bytes()), &line); err != nil || line.Level != "ERROR" {
+		t.Errorf("stderr %q: want one JSON log line at ERROR (%v)", stderr.String(), err)
+	}
+}
+
+// TestExitCodes: 2 is for usage and configuration errors only; every
+// runtime failure, however it is wrapped, exits 1.
+func TestExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{nil, 0},
+		{fmt.Errorf("%w: unknown command", errUsage), 2},
+		{fmt.Errorf("%w: KDEDUP_TLS_CA_FILE=/x: no PEM certificate", app.ErrConfig), 2},
+		{loggedError{fmt.Errorf("%w: bad", app.ErrConfig)}, 2},
+		{loggedError{fmt.Errorf("%w: SASL PLAIN authentication failed", app.ErrKafkaAccess)}, 1},
+		{loggedError{fmt.Errorf("%w: still running: closing Badger", app.ErrShutdownTimeout)}, 1},
+		{errors.New("store: opening badger at /data: permission denied"), 1},
+	} {
+		if got := exitCode(tc.err); got != tc.want {
+			t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
 		}
 	}
 }

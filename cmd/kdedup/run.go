@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"text/tabwriter"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,10 +35,28 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	cfg, err := config.Load()
 	if err != nil {
+		// Logged in the format asked for when that much is valid, and
+		// printed in full by main for a reader at a terminal.
+		format := "json"
+		if os.Getenv(config.Prefix+"LOG_FORMAT") == "text" {
+			format = "text"
+		}
+		var problems []string
+		var cerr *config.Error
+		if errors.As(err, &cerr) {
+			for _, p := range cerr.Problems {
+				problems = append(problems, p.String())
+			}
+		}
+		newLogger(stderr, slog.LevelError, format).Error("invalid configuration", "problems", problems, "exit_code", 2)
 		return fmt.Errorf("%w: invalid configuration:\n%v", errUsage, err)
 	}
 	log := newLogger(stderr, cfg.SlogLevel(), cfg.LogFormat)
 	log.Info("kdedup", "version", version())
 	app.SetMemoryLimit(cfg, log)
-	return app.Run(ctx, cfg, log, prometheus.NewRegistry(), nil)
+	if err := app.Run(ctx, cfg, log, prometheus.NewRegistry(), nil); err != nil {
+		log.Error("kdedup stopped on an error", "err", err, "exit_code", exitCode(err))
+		return loggedError{err}
+	}
+	return nil
 }

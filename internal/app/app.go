@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,19 +24,83 @@ import (
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/consumer"
 	"github.com/kdedup/kdedup/dedup"
-	"github.com/kdedup/kdedup/filter"
 	"github.com/kdedup/kdedup/store"
 )
 
 // ErrConfig marks errors caused by the configuration (exit code 2).
 var ErrConfig = errors.New("invalid configuration")
 
+// ErrShutdownTimeout is returned (wrapped, naming what was still running)
+// by Run when the worker has not stopped within KDEDUP_SHUTDOWN_TIMEOUT of
+// the start of its shutdown. Goroutines of the worker may still be running:
+// the caller should exit.
+var ErrShutdownTimeout = errors.New("shutdown timed out")
+
+// Signaled is the cause (context.Cause) of a Run context canceled by a
+// signal, so that Run logs which signal stopped it.
+type Signaled struct{ Signal os.Signal }
+
+func (s Signaled) Error() string { return "received signal " + s.Signal.String() }
+
+// HTTP server limits: /metrics and the probes need short requests and
+// small headers; an idle keep-alive connection is closed after
+// httpIdleTimeout, so that clients that leave connections open cannot
+// accumulate them.
+const (
+	httpReadTimeout    = 10 * time.Second
+	httpWriteTimeout   = 30 * time.Second // a scrape of many partitions' series
+	httpIdleTimeout    = 60 * time.Second
+	httpMaxHeaderBytes = 16 << 10
+)
+
+// Option changes how Run runs the worker; tests use them.
+type Option func(*options)
+
+type options struct {
+	httpIdleTimeout time.Duration
+	clientOpts      []kgo.Opt
+}
+
+// WithHTTPIdleTimeout sets how long the HTTP server keeps an idle
+// keep-alive connection open (default 60s).
+func WithHTTPIdleTimeout(d time.Duration) Option {
+	return func(o *options) { o.httpIdleTimeout = d }
+}
+
+// WithClientOpts appends franz-go options (hooks) to the worker's Kafka
+// client.
+func WithClientOpts(opts ...kgo.Opt) Option {
+	return func(o *options) { o.clientOpts = append(o.clientOpts, opts...) }
+}
+
 // Run runs the worker and its HTTP endpoints until ctx is canceled or
 // the worker fails, registering its metrics with reg. started, if not nil,
 // receives the HTTP address once listening.
-func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *prometheus.Registry, started func(httpAddr string)) error {
+//
+// It returns nil after a clean stop, an error wrapping ErrConfig for a
+// problem of the configuration found at start-up, and another error for a
+// runtime failure. A stop (ctx canceled, or a failure) that takes longer
+// than cfg.ShutdownTimeout returns an error wrapping ErrShutdownTimeout
+// that names what was still running, and leaves it running.
+func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *prometheus.Registry, started func(httpAddr string), opts ...Option) error {
+	o := options{httpIdleTimeout: httpIdleTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%w:\n%v", ErrConfig, err)
+	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	// The configuration rules that belong to the packages: checked before
+	// anything connects or opens state.
+	dopts, err := DedupOptions(cfg)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if err := dopts.Filter.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
 	kafkaOpts, err := KafkaOpts(cfg)
 	if err != nil {
 		return err
@@ -51,19 +117,18 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		Logger:     log,
 		Registerer: reg,
 	})
+	if errors.Is(err, store.ErrInvalidOptions) {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
 	if err != nil {
 		return fmt.Errorf("opening the state in KDEDUP_DATA_DIR=%s: %w", cfg.DataDir, err)
 	}
-	defer func() {
+	closeDB := func() {
 		if err := db.Close(); err != nil {
 			log.Error("closing badger", "err", err)
 		}
-	}()
-
-	dopts, err := DedupOptions(cfg)
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
+
 	dm := dedup.NewMetrics(reg)
 	kp := clientMetrics(reg)
 	w, err := consumer.New(consumer.Options{
@@ -90,45 +155,102 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		MaxDirtyPagesPerRecord: dopts.MaxDirtyPagesPerRecord(),
 		Logger:                 log,
 		Registerer:             reg,
-		ConnOpts:               kafkaOpts,
-		ClientOpts:             []kgo.Opt{kgo.WithHooks(kp)},
+		// The logger here replaces the one the worker gives its clients.
+		ConnOpts:   append(kafkaOpts, clientLogger(log, cfg.SlogLevel())),
+		ClientOpts: append([]kgo.Opt{kgo.WithHooks(kp)}, o.clientOpts...),
 	})
 	if err != nil {
+		closeDB()
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
+		closeDB()
 		return fmt.Errorf("listening on KDEDUP_HTTP_ADDR=%s: %w", cfg.HTTPAddr, err)
 	}
-	srv := &http.Server{Handler: httpHandler(reg, w.Ready), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{
+		Handler:           httpHandler(reg, w.Ready, liveCheck(w, cfg.Liveness())),
+		ReadHeaderTimeout: httpReadTimeout,
+		ReadTimeout:       httpReadTimeout,
+		WriteTimeout:      httpWriteTimeout,
+		IdleTimeout:       o.httpIdleTimeout,
+		MaxHeaderBytes:    httpMaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
 	log.Info("starting", "http", ln.Addr().String(), "brokers", strings.Join(cfg.Brokers, ","),
 		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "duplicates_topic", cfg.DuplicatesTopic, "group", cfg.Group, "delivery", cfg.Delivery, "data_dir", cfg.DataDir)
 	if started != nil {
 		started(ln.Addr().String())
 	}
 
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serving http: %w", err)
+	var closing atomic.Bool // the worker has returned; Badger is closing
+	done := make(chan error, 1)
+	go func() {
+		g, gctx := errgroup.WithContext(ctx)
+		g.Go(func() error {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serving http: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = srv.Shutdown(sctx)
+			}()
+			return w.Run(gctx)
+		})
+		err := g.Wait()
+		if errors.Is(err, store.ErrDiskFull) || errors.Is(err, store.ErrCorrupt) {
+			err = fmt.Errorf("KDEDUP_DATA_DIR=%s: %w", cfg.DataDir, err)
 		}
-		return nil
-	})
-	g.Go(func() error {
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
-		return w.Run(gctx)
-	})
-	err = g.Wait()
-	if errors.Is(err, store.ErrDiskFull) || errors.Is(err, store.ErrCorrupt) {
-		err = fmt.Errorf("KDEDUP_DATA_DIR=%s: %w", cfg.DataDir, err)
+		closing.Store(true)
+		closeDB()
+		done <- err
+	}()
+
+	select {
+	case err := <-done:
+		log.Info("stopped", "err", err)
+		return err
+	case <-ctx.Done():
+		var sig Signaled
+		if errors.As(context.Cause(ctx), &sig) {
+			log.Info("received signal, shutting down", "signal", sig.Signal.String(), "shutdown_timeout", cfg.ShutdownTimeout)
+		} else {
+			log.Info("shutting down", "cause", context.Cause(ctx), "shutdown_timeout", cfg.ShutdownTimeout)
+		}
+	case <-w.Stopping():
+		log.Info("shutting down", "shutdown_timeout", cfg.ShutdownTimeout)
 	}
-	log.Info("stopped", "err", err)
-	return err
+	begun := time.Now()
+	timer := time.NewTimer(cfg.ShutdownTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		log.Info("stopped", "err", err, "shutdown_seconds", time.Since(begun).Seconds())
+		return err
+	case <-timer.C:
+		what := fmt.Sprintf("closing Badger at KDEDUP_DATA_DIR=%s", cfg.DataDir)
+		if p := w.Progress(); !closing.Load() {
+			what = fmt.Sprintf("the worker, %s since %s", p.Stage, time.Since(p.Since).Round(time.Second))
+		}
+		return fmt.Errorf("%w: not stopped within KDEDUP_SHUTDOWN_TIMEOUT=%s; still running: %s", ErrShutdownTimeout, cfg.ShutdownTimeout, what)
+	}
+}
+
+// liveCheck is what /healthz asks: nil while w's loops, or its shutdown,
+// progress within bound; otherwise an error naming the stalled stage.
+func liveCheck(w *consumer.Worker, bound time.Duration) func() error {
+	return func() error {
+		p := w.Progress()
+		if !p.Stalled(time.Now(), bound) {
+			return nil
+		}
+		return fmt.Errorf("stuck: %s for %s (KDEDUP_LIVENESS_TIMEOUT=%s)", p.Stage, time.Since(p.Since).Round(time.Second), bound)
+	}
 }
 
 // DedupOptions translates the configuration into the deduplicator's options.
@@ -146,17 +268,7 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 		MaxOccurrences: cfg.MaxOccurrences,
 		Refresh:        cfg.WindowRefresh,
 		Staged:         delivery(cfg) == consumer.ExactlyOnce,
-		Filter: filter.Params{
-			TargetFPR:       cfg.TargetFPR,
-			FingerprintBits: cfg.FingerprintBits,
-			BucketSize:      cfg.BucketSize,
-			Capacity:        cfg.Capacity,
-			MaxKicks:        cfg.MaxKicks,
-			Expansion:       cfg.Expansion,
-			PageBytes:       int(cfg.PageBytes),
-			Window:          cfg.Window,
-			Generations:     cfg.WindowGenerations,
-		},
+		Filter:         cfg.FilterParams(),
 	}, nil
 }
 
@@ -177,10 +289,16 @@ func delivery(cfg config.Config) consumer.Delivery {
 	return consumer.AtLeastOnce
 }
 
-func httpHandler(reg *prometheus.Registry, ready func() bool) http.Handler {
+// httpHandler serves /metrics from reg, /readyz from ready and /healthz
+// from live (503 with live's error).
+func httpHandler(reg *prometheus.Registry, ready func() bool, live func() error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := live(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {

@@ -124,6 +124,19 @@ else "" (the worker's default, 45s).
 {{- end }}
 
 {{/*
+KDEDUP_SHUTDOWN_TIMEOUT: the value, or 5s under terminationGracePeriodSeconds
+(at least 1s), so that a stop that hangs exits with its error before the
+kubelet's SIGKILL.
+*/}}
+{{- define "kdedup.shutdownTimeout" -}}
+{{- if .Values.shutdownTimeout }}
+{{- .Values.shutdownTimeout }}
+{{- else }}
+{{- printf "%ds" (max 1 (sub (include "kdedup.terminationGracePeriodSeconds" . | int64) 5)) }}
+{{- end }}
+{{- end }}
+
+{{/*
 A chart value as the text of an env value: "" for null or "" (the worker's
 default applies: no env entry). Lists are joined with commas; integral
 numbers print without an exponent (YAML reads 10000000 as a float).
@@ -197,6 +210,8 @@ is set, in the order of `kdedup run -h`, then GOMEMLIMIT and extraEnv.
   (list "KDEDUP_HTTP_ADDR" (printf ":%d" (int .Values.http.port)))
   (list "KDEDUP_LOG_LEVEL" .Values.log.level)
   (list "KDEDUP_LOG_FORMAT" .Values.log.format)
+  (list "KDEDUP_SHUTDOWN_TIMEOUT" (include "kdedup.shutdownTimeout" .))
+  (list "KDEDUP_LIVENESS_TIMEOUT" .Values.livenessTimeout)
 }}
 {{- $env := list (dict "name" "POD_NAME" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.name"))) }}
 {{- range $plain }}
@@ -237,6 +252,7 @@ is set, in the order of `kdedup run -h`, then GOMEMLIMIT and extraEnv.
 {{- if not $k.brokers }}{{ fail "kafka.brokers is required: the Kafka seed brokers, host:port" }}{{ end }}
 {{- if not $k.inputTopics }}{{ fail "kafka.inputTopics is required: the topics to deduplicate" }}{{ end }}
 {{- if not $k.outputTopic }}{{ fail "kafka.outputTopic is required: the topic that receives the first record of each key" }}{{ end }}
+{{- if and .Values.shutdownTimeout (ge (include "kdedup.durationSeconds" .Values.shutdownTimeout | int64) (include "kdedup.terminationGracePeriodSeconds" . | int64)) }}{{ fail (printf "shutdownTimeout %s must be under terminationGracePeriodSeconds (%s): the kubelet kills the worker then, before it can report what its stop was waiting for" .Values.shutdownTimeout (include "kdedup.terminationGracePeriodSeconds" .)) }}{{ end }}
 {{- if and $k.tls.existingSecret (not $k.tls.enabled) }}{{ fail "kafka.tls.existingSecret needs kafka.tls.enabled=true" }}{{ end }}
 {{- if and (not $k.tls.existingSecret) (or $k.tls.certKey $k.tls.keyKey) }}{{ fail "kafka.tls.certKey and keyKey name keys of kafka.tls.existingSecret, which is empty" }}{{ end }}
 {{- if ne (not $k.tls.certKey) (not $k.tls.keyKey) }}{{ fail "kafka.tls.certKey and kafka.tls.keyKey go together: a client certificate needs its key" }}{{ end }}
