@@ -1,0 +1,277 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kdedup/kdedup/internal/scenario"
+)
+
+// outage makes a kfake cluster unreachable and reachable again while it
+// keeps its state, as a broker restart or a network partition does: while
+// down, open connections are closed and new ones are closed as soon as they
+// are accepted (clients see EOF on their first read).
+type outage struct {
+	mu    sync.Mutex
+	down  bool
+	conns map[net.Conn]struct{}
+}
+
+// listen is the cluster's kfake.ListenFn.
+func (o *outage) listen(network, addr string) (net.Listener, error) {
+	l, err := net.Listen(network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return outageListener{Listener: l, o: o}, nil
+}
+
+type outageListener struct {
+	net.Listener
+	o *outage
+}
+
+func (l outageListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		l.o.mu.Lock()
+		if l.o.down {
+			l.o.mu.Unlock()
+			c.Close()
+			continue
+		}
+		l.o.conns[c] = struct{}{}
+		l.o.mu.Unlock()
+		return c, nil
+	}
+}
+
+// begin takes the broker down: every connection is cut.
+func (o *outage) begin() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.down = true
+	for c := range o.conns {
+		c.Close()
+	}
+	clear(o.conns)
+}
+
+// beginOnProduce takes the broker down when it receives the next produce
+// request to topic, which it leaves unanswered: records were decided and
+// handed to the producer, and the outage cuts them off mid-flight.
+func (o *outage) beginOnProduce(t *testing.T, b *broker, topic string) <-chan struct{} {
+	t.Helper()
+	topics, err := b.admin(t).ListTopics(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := topics[topic].ID
+	begun := make(chan struct{})
+	var once sync.Once
+	b.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			if tp.Topic == topic || tp.TopicID == id {
+				handled := false
+				once.Do(func() {
+					o.begin()
+					close(begun)
+					handled = true
+				})
+				if handled {
+					return nil, errors.New("broker outage"), true
+				}
+			}
+		}
+		b.cluster.KeepControl()
+		return nil, nil, false
+	})
+	return begun
+}
+
+// end brings the broker back.
+func (o *outage) end() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.down = false
+}
+
+// newOutagePipeline is newPipeline on a kfake cluster that can be cut off.
+// The test's own clients retry an EOF on a new connection (as the worker
+// must): they know their configuration is right.
+func newOutagePipeline(t *testing.T, partitions int32) (*pipeline, *outage) {
+	t.Helper()
+	o := &outage{conns: map[net.Conn]struct{}{}}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second), kfake.ListenFn(o.listen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	prefix := fmt.Sprintf("kdedup-%s-%08x-", strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")), rand.Uint32())
+	b := &broker{addrs: c.ListenAddrs(), prefix: prefix, cluster: c, conn: []kgo.Opt{kgo.AlwaysRetryEOF()}}
+	p := &pipeline{b: b, in: b.name("in"), out: b.name("out"), group: b.name("group"), partitions: partitions, delivery: "at-least-once"}
+	b.createTopics(t, partitions, p.in)
+	b.createTopics(t, 8*partitions, p.out) // many output partitions: a record decided in the outage often starts a new batch
+	return p, o
+}
+
+// repeatBound is what the README allows at least once per lost session
+// (a kill, a lost group session): the records decided since the last write
+// batch, which are the records of one flush interval at the input rate plus
+// one poll per partition. The feeder produces chunk records every pause, so
+// that its rate is at most chunk/pause, and a poll of a partition that keeps
+// up holds at most what arrived since its previous poll, one chunk.
+func repeatBound(losses int, flush time.Duration, chunk int, pause time.Duration, partitions int32) int {
+	perInterval := int(float64(chunk) * flush.Seconds() / pause.Seconds())
+	return losses * (perInterval + chunk*int(partitions))
+}
+
+// requireRepeatsWithin fails the test when at-least-once output holds more
+// extra records than bound.
+func requireRepeatsWithin(t *testing.T, extra, bound int, why string) {
+	t.Helper()
+	if extra > bound {
+		t.Fatalf("%d records forwarded again, more than the %d at-least-once allows for %s", extra, bound, why)
+	}
+}
+
+// flushInterval is the pipeline's KDEDUP_FLUSH_INTERVAL.
+func (p *pipeline) flushInterval(t *testing.T) time.Duration {
+	t.Helper()
+	d, err := time.ParseDuration(p.env("")["KDEDUP_FLUSH_INTERVAL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestBrokerOutage cuts the worker off from the broker for more than two
+// session timeouts while it works through a backlog and input keeps
+// arriving (the broker keeps its state, as after a restart): produces stall
+// and fail, the group expires the worker's membership, and the worker must
+// keep running, rejoin and take its partitions back. Exactly once the output
+// equals the model; at least once nothing is missing and the records
+// forwarded again stay within the bound of one lost session.
+func TestBrokerOutage(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p, o := newOutagePipeline(t, 4)
+		p.delivery = delivery
+		const session = 3 * time.Second
+		p.extraEnv = map[string]string{"KDEDUP_SESSION_TIMEOUT": session.String()}
+		recs := scenario.Generate(scenario.Options{Keys: 60_000, Seed: 10})
+		backlog := 3 * len(recs) / 4
+		p.feed(t, recs[:backlog], 5000, 0).wait(t)
+		w := p.startWorker(t, t.TempDir())
+		const chunk, pause = 20, 10 * time.Millisecond
+		f := p.feed(t, recs[backlog:], chunk, pause)
+		p.waitCommitted(t, 1)
+		<-o.beginOnProduce(t, p.b, p.out)
+		time.Sleep(2*session + time.Second)
+		o.end()
+		f.wait(t)
+		want, got := p.output(t, recs)
+		w.running(t)
+		if n := w.metric(t, "kdedup_partitions_lost_total"); n == 0 {
+			t.Error("no partition was lost: the outage did not outlast the group session")
+		}
+		w.stop(t)
+		if delivery == "exactly-once" {
+			requireExact(t, want, got)
+			return
+		}
+		extra := requireNothingMissing(t, want, got)
+		requireRepeatsWithin(t, extra, repeatBound(1, p.flushInterval(t), chunk, pause, p.partitions), "one lost session")
+		t.Logf("at-least-once across the outage: %d records expected, nothing missing, %d extra", want.Stats.Forwarded, extra)
+	})
+}
+
+// waitCommitted waits until the group has committed at least n offsets in
+// all (the sum over the input's partitions).
+func (p *pipeline) waitCommitted(t *testing.T, n int64) {
+	t.Helper()
+	adm := p.b.admin(t)
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if committed, err := adm.FetchOffsets(context.Background(), p.group); err == nil {
+			var sum int64
+			committed.Each(func(o kadm.OffsetResponse) { sum += o.At })
+			if sum >= n {
+				return
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("group %s did not commit %d offsets within a minute", p.group, n)
+}
+
+// TestPartitionsAdded adds partitions to the input topic of a running
+// group whose workers run with KDEDUP_START_OFFSET=latest, and produces to
+// them at once: the worker picks them up within its metadata age and reads
+// them from their start (the group was reading the topic before they
+// existed), so the output is exactly the model's.
+func TestPartitionsAdded(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 2)
+		p.delivery = delivery
+		dir := t.TempDir()
+		part1 := stream(12)[:1000]
+		p.runPart(t, dir, part1) // the group commits offsets in the topic
+		p.extraEnv = map[string]string{"KDEDUP_START_OFFSET": "latest", "KDEDUP_METADATA_MAX_AGE": "1s"}
+		w := p.startWorker(t, dir)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		resp, err := p.b.admin(t).CreatePartitions(ctx, 2, p.in)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil {
+			t.Fatalf("adding 2 partitions to %s: %v", p.in, err)
+		}
+		// Keyed records spread over all 4 partitions now; the producer
+		// learns of the new ones before the worker does.
+		part2 := stream(13)[:2000]
+		cl := p.b.client(t, kgo.MetadataMaxAge(time.Second))
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			topics, err := kadm.NewClient(cl).ListTopics(ctx, p.in)
+			if err == nil && len(topics[p.in].Partitions) == 4 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still lists %d partitions", p.in, len(topics[p.in].Partitions))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err := scenario.Produce(ctx, cl, p.in, part2); err != nil {
+			t.Fatal(err)
+		}
+		newParts := 0
+		for _, r := range part2 {
+			if r.Partition >= 2 {
+				newParts++
+			}
+		}
+		if newParts == 0 {
+			t.Fatal("no record went to the added partitions")
+		}
+		want, got := p.output(t, append(append([]*kgo.Record{}, part1...), part2...))
+		w.stop(t)
+		requireExact(t, want, got)
+		t.Logf("%d of %d records went to the added partitions", newParts, len(part2))
+	})
+}
