@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"math/big"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -153,7 +154,8 @@ func TestTLSAndSASL(t *testing.T) {
 
 // TestKafkaAccessRefused: a wrong SASL password, for each mechanism, or a
 // CA that did not sign the broker's certificate stops the worker within
-// seconds with one error line naming what was refused, instead of retrying.
+// seconds with one error line naming what was refused, instead of retrying;
+// the binary exits with code 1, as the README promises.
 func TestKafkaAccessRefused(t *testing.T) {
 	pki := newTestPKI(t)
 	other := newTestPKI(t)
@@ -197,6 +199,19 @@ func TestKafkaAccessRefused(t *testing.T) {
 				t.Fatalf("Run took %s to give up", d)
 			}
 			t.Logf("%s after %s", err, time.Since(start).Round(time.Millisecond))
+
+			cmd := exec.CommandContext(ctx, binary, "run")
+			cmd.Env = os.Environ()
+			for k, v := range env {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			err = cmd.Run()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("kdedup run: %v, want exit code 1 and an error containing %q; stderr:\n%s", err, tc.want, stderr.String())
+			}
 		})
 	}
 }
