@@ -37,7 +37,8 @@ type Config struct {
 	DuplicatesTopic   string        `env:"DUPLICATES_TOPIC" envDefault:"" doc:"Topic that receives every dropped record (duplicate or over MAX_OCCURRENCES) with headers kdedup-reason and kdedup-source, to audit false drops; not OUTPUT_TOPIC nor an input topic; empty disables it"`
 	Group             string        `env:"GROUP" envDefault:"kdedup" doc:"Consumer group; the workers of one group share the partitions of INPUT_TOPICS"`
 	InstanceID        string        `env:"INSTANCE_ID" envDefault:"" doc:"Static group membership (KIP-345): a member id unique in GROUP and stable across restarts, such as the pod name; a member restarting within SESSION_TIMEOUT gets its partitions, and their local state, back without a rebalance; letters, digits, '.', '_' and '-'; empty joins as a dynamic member"`
-	StartOffset       string        `env:"START_OFFSET" envDefault:"earliest" doc:"Where a partition with no committed offset in the group begins: earliest or latest"`
+	StartOffset       string        `env:"START_OFFSET" envDefault:"earliest" doc:"Where a partition with no committed offset in the group begins when the group has no committed offset in its topic either (the group's first start, a new input topic): earliest or latest; a partition added to a topic the group has committed offsets in is read from its start whatever this says"`
+	MetadataMaxAge    time.Duration `env:"METADATA_MAX_AGE" envDefault:"30s" doc:"Longest time between Kafka metadata refreshes, 1s to 1h: partitions added to an input topic are assigned within about this long"`
 	SessionTimeout    time.Duration `env:"SESSION_TIMEOUT" envDefault:"45s" doc:"Consumer group session timeout, 1s to 30m (brokers enforce group.min.session.timeout.ms, 6s by default); a worker silent this long loses its partitions to a rebalance"`
 	Delivery          string        `env:"DELIVERY" envDefault:"at-least-once" doc:"at-least-once (a crash may forward the records of one flush interval again) or exactly-once (Kafka transactions: output and input offsets commit atomically; read the output with isolation.level=read_committed)"`
 	TransactionalID   string        `env:"TRANSACTIONAL_ID" envDefault:"" doc:"Transactional id with DELIVERY=exactly-once; empty means one unique to this process (KIP-447 fences by group generation, so it need not survive restarts)"`
@@ -101,6 +102,8 @@ const (
 	minFlushInterval     = 10 * time.Millisecond
 	maxFlushInterval     = time.Hour
 	minSessionTimeout    = time.Second
+	minMetadataMaxAge    = time.Second
+	maxMetadataMaxAge    = time.Hour
 	maxSessionTimeout    = 30 * time.Minute
 	maxTopicNameLength   = 249 // Kafka's limit, from org.apache.kafka.common.internals.Topic.
 	minShutdownTimeout   = time.Second
@@ -314,6 +317,9 @@ func (c Config) Validate() error {
 	c.validateSecurity(&v)
 	if c.SessionTimeout < minSessionTimeout || c.SessionTimeout > maxSessionTimeout {
 		v.add("SessionTimeout", c.SessionTimeout, fmt.Sprintf("must be from %s to %s", formatDuration(minSessionTimeout), formatDuration(maxSessionTimeout)))
+	}
+	if c.MetadataMaxAge < minMetadataMaxAge || c.MetadataMaxAge > maxMetadataMaxAge {
+		v.add("MetadataMaxAge", c.MetadataMaxAge, fmt.Sprintf("must be from %s to %s", formatDuration(minMetadataMaxAge), formatDuration(maxMetadataMaxAge)))
 	}
 	if kind, _ := c.KeySource(); kind == KeyInvalid {
 		v.add("Key", c.Key, `must be empty, "key", "header:NAME" or "json:PATH", with NAME and PATH not empty`)

@@ -111,6 +111,31 @@ func (pw *partition) stop(abort bool) {
 	}
 }
 
+// settle ends a lost partition at least once: it waits for the acks of the
+// records it forwarded and commits the filter state up to the last decided
+// record to Badger, without marking the offset for the group, whose session
+// is gone. The checkpoint then says what was forwarded: a later owner with
+// this data directory resumes after it, one without resumes from the group
+// offset (forwarding again at most the records since the last group
+// commit). If a produce failed nothing is committed, and the next owner
+// decides those records again.
+func (pw *partition) settle() {
+	pw.inflight.Wait()
+	if err := pw.prodErr.Load(); err != nil {
+		pw.w.log.Warn("a lost partition's records were not all acknowledged; its next owner decides them again", "topic", pw.topic, "partition", pw.partition, "err", *err)
+		return
+	}
+	if pw.failed.Load() || pw.next == pw.flushed {
+		return
+	}
+	if err := pw.d.Commit(pw.next); err != nil {
+		pw.fail(err)
+		return
+	}
+	pw.flushed = pw.next
+	pw.w.m.batches.Inc()
+}
+
 func (pw *partition) close() {
 	pw.d.Close()
 	close(pw.done)
@@ -123,10 +148,17 @@ func (pw *partition) run() {
 	for {
 		select {
 		case recs := <-pw.in:
+			select {
+			case <-pw.abort: // lost: decide nothing more, even with records queued
+				pw.settle()
+				return
+			default:
+			}
 			pw.process(recs, pw.produce) // dropped once failed: the next owner reads them again from the checkpoint
 		case <-tick.C:
 			pw.flush()
 		case <-pw.abort:
+			pw.settle()
 			return
 		case <-pw.quit:
 			pw.drain()

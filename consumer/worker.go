@@ -69,6 +69,10 @@ type Options struct {
 	// SessionTimeout is the group session timeout (default 45s). With
 	// ExactlyOnce the transaction timeout is kept below it.
 	SessionTimeout time.Duration
+	// MetadataMaxAge is the longest time between metadata refreshes
+	// (default 30s, kgo.MetadataMaxAge): partitions added to an input topic
+	// are assigned within about this long.
+	MetadataMaxAge time.Duration
 	// Delivery is the delivery guarantee (default AtLeastOnce).
 	Delivery Delivery
 	// TransactionalID is the transactional id with ExactlyOnce (default:
@@ -139,6 +143,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.SessionTimeout == 0 {
 		o.SessionTimeout = 45 * time.Second
+	}
+	if o.MetadataMaxAge == 0 {
+		o.MetadataMaxAge = 30 * time.Second
 	}
 	if o.FlushInterval == 0 {
 		o.FlushInterval = time.Second
@@ -324,6 +331,16 @@ func (w *Worker) connect() error {
 		// franz-go's default 5s: a stalled produce holds a write batch or
 		// a transaction open.
 		kgo.MetadataMinAge(time.Second),
+		// franz-go's default (5m) is also how long partitions added to an
+		// input topic wait for an owner.
+		kgo.MetadataMaxAge(w.opts.MetadataMaxAge),
+		// A broker restarting accepts connections and closes them: franz-go
+		// takes an EOF on a connection's first read for a TLS or SASL
+		// mismatch and fails the request, which fails buffered records
+		// ("is TLS missing?") and the group session. The start-up access
+		// check (KDEDUP_TLS_*, KDEDUP_SASL_*) has already ruled a mismatch
+		// out, so such an EOF is an outage and is retried.
+		kgo.AlwaysRetryEOF(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsAssigned(w.assigned),
 		kgo.OnPartitionsRevoked(w.revoked),
@@ -543,6 +560,7 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	var (
 		starts kadm.ListedOffsets
+		seen   groupOffsets
 		cl     = w.client()
 		adm    = kadm.NewClient(cl)
 	)
@@ -552,7 +570,7 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 			if pw == nil {
 				continue
 			}
-			start, err := w.plan(ctx, cl, adm, &starts, pw, o)
+			start, err := w.plan(ctx, cl, adm, &starts, &seen, pw, o)
 			pw.planned.Store(true) // after a replay began: readiness never sees a gap
 			if err != nil {
 				return nil, err
@@ -565,8 +583,9 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 
 // plan returns where pw starts in the group client, given the group's
 // committed offset o, and starts its replay when it needs one (see
-// adjustOffsets). starts caches the input's start offsets.
-func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, starts *kadm.ListedOffsets, pw *partition, o kgo.Offset) (kgo.Offset, error) {
+// adjustOffsets). starts caches the input's start offsets, seen the topics
+// the group has committed offsets for.
+func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, starts *kadm.ListedOffsets, seen *groupOffsets, pw *partition, o kgo.Offset) (kgo.Offset, error) {
 	topic, p := pw.topic, pw.partition
 	group := o.EpochOffset().Offset // negative: no committed offset
 	cp, ok := pw.d.Checkpoint()
@@ -577,8 +596,12 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 			w.log.Info("resuming from the local checkpoint", "topic", topic, "partition", p, "offset", cp.Offset, "group_offset", group)
 		}
 		return kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch), nil
-	case group < 0:
-		return o, nil // nothing committed, no state: start at the reset offset, empty
+	case group < 0: // nothing committed, no state: start empty
+		if w.opts.StartAtLatest && seen.topicCommitted(ctx, w, adm, topic) {
+			w.log.Info("partition added since the group started: reading it from the start, not KDEDUP_START_OFFSET=latest", "topic", topic, "partition", p)
+			return kgo.NewOffset().AtStart(), nil
+		}
+		return o, nil
 	case ok:
 		from = cp.Offset
 	case w.opts.RebuildEmpty:
@@ -697,15 +720,24 @@ func (w *Worker) revoked(ctx context.Context, cl *kgo.Client, revoked map[string
 	}
 }
 
-// lost drops the lost partitions' uncommitted state: another member may
-// already own them, so nothing of theirs may be committed.
+// lost stops the partitions of a group session that ended without a
+// revocation (the session expired during a broker outage, or the member was
+// fenced): another member may own them already, so they decide nothing
+// more and commit nothing to the group. At least once each keeps, in its
+// Badger checkpoint, what it forwarded and had acknowledged (settle), so
+// that this worker regaining it after an outage resumes there instead of
+// forwarding those records again; exactly once the uncommitted transaction
+// state is dropped and the gap replayed.
 func (w *Worker) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	w.stopPartitions(lost, true)
+	n := w.stopPartitions(lost, true)
+	w.m.partitionsLost.Add(float64(n))
 }
 
-// stopPartitions stops the given partitions and waits for them: abort drops
-// uncommitted state, otherwise each finishes its queued records and commits
-// a last write batch. It returns how many it stopped.
+// stopPartitions stops the given partitions and waits for them: abort (a
+// lost session) decides nothing more, keeping at least once what was
+// forwarded and acknowledged (partition.settle) and dropping exactly once
+// the uncommitted state; otherwise each finishes its queued records and
+// commits a last write batch. It returns how many it stopped.
 func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) int {
 	var stopping []*partition
 	w.mu.Lock()
@@ -742,6 +774,7 @@ type metrics struct {
 	txns            *prometheus.CounterVec
 	txnSeconds      prometheus.Histogram
 	sessionRestarts prometheus.Counter
+	partitionsLost  prometheus.Counter
 }
 
 // newMetrics registers the worker's metrics with reg (nil: none), among
@@ -779,6 +812,8 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 		txnSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_transaction_commit_seconds",
 			Help:    "Time from the end of a transaction's decisions to its commit: acks of its produced records, then EndTxn with the input offsets; exactly-once only, aborted transactions not observed.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
+		partitionsLost: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_partitions_lost_total",
+			Help: "Partitions lost with their group session (expired during a broker outage, or fenced) instead of revoked by a rebalance."}),
 		sessionRestarts: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_session_restarts_total",
 			Help: "Kafka client sessions restarted after the transactional producer became unusable (fenced); exactly-once only."}),
 	}

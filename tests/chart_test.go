@@ -94,6 +94,7 @@ kafka:
   duplicatesTopic: dropped
   group: grp
   startOffset: latest
+  metadataMaxAge: 15s
   sessionTimeout: 90s
   delivery: exactly-once
   rebuild: empty
@@ -156,6 +157,7 @@ var allValuesEnv = map[string]string{
 	"KDEDUP_GROUP":              "grp",
 	"KDEDUP_INSTANCE_ID":        podName,
 	"KDEDUP_START_OFFSET":       "latest",
+	"KDEDUP_METADATA_MAX_AGE":   "15s",
 	"KDEDUP_SESSION_TIMEOUT":    "90s",
 	"KDEDUP_DELIVERY":           "exactly-once",
 	"KDEDUP_TRANSACTIONAL_ID":   podName,

@@ -112,14 +112,17 @@ func TestGracefulStopMidStream(t *testing.T) {
 // TestKillLosesNothing SIGKILLs a worker process (no final write batch, no
 // group commit) twice while input keeps arriving and restarts it on the
 // same data directory: nothing the model forwards is missing; the repeats
-// are at most the records decided since the last write batch.
+// are at most the records decided since the last write batch, the README's
+// bound per kill.
 func TestKillLosesNothing(t *testing.T) {
 	p := newPipeline(t, 4)
 	recs := stream(3)
 	dir := t.TempDir()
-	f := p.feed(t, recs, 100, 10*time.Millisecond)
+	const chunk, pause = 100, 10 * time.Millisecond
+	f := p.feed(t, recs, chunk, pause)
 	pr := p.startProcess(t, dir, "KDEDUP_LOG_LEVEL=info")
-	for _, at := range []int{len(recs) / 3, 2 * len(recs) / 3} {
+	kills := []int{len(recs) / 3, 2 * len(recs) / 3}
+	for _, at := range kills {
 		pr.waitReady(t)
 		f.until(at)
 		time.Sleep(300 * time.Millisecond) // let it decide and forward some
@@ -130,7 +133,8 @@ func TestKillLosesNothing(t *testing.T) {
 	want, got := p.output(t, recs)
 	pr.kill()
 	extra := requireNothingMissing(t, want, got)
-	t.Logf("after 2 kills: %d records expected, %d read, %d extra (forwarded again after a kill)", want.Stats.Forwarded, got.Stats.Forwarded, extra)
+	requireRepeatsWithin(t, extra, repeatBound(len(kills), p.flushInterval(t), chunk, pause, p.partitions), fmt.Sprintf("%d kills", len(kills)))
+	t.Logf("after %d kills: %d records expected, %d read, %d extra (forwarded again after a kill)", len(kills), want.Stats.Forwarded, got.Stats.Forwarded, extra)
 }
 
 // TestPartitionMovesAwayAndBack: worker A decides keys k0..k999, worker B

@@ -24,7 +24,8 @@ import (
 // final write batch, no commit, no leave), deleting its data directory in
 // about a third of the rounds, and restarts it. Exactly once, the
 // read_committed output must equal the exact model; at least once nothing
-// may be missing, and the extra records are reported.
+// may be missing, and the extra records stay within the README's bound per
+// kill.
 func TestCrashLoop(t *testing.T) {
 	deliveries(t, func(t *testing.T, delivery string) {
 		p := newPipeline(t, 6)
@@ -36,7 +37,8 @@ func TestCrashLoop(t *testing.T) {
 		for i, d := range dirs {
 			procs[i] = p.startProcess(t, d)
 		}
-		f := p.feed(t, recs, 10, 60*time.Millisecond) // ~50s of input, longer than the rounds take
+		const chunk, pause = 10, 60 * time.Millisecond
+		f := p.feed(t, recs, chunk, pause) // ~50s of input, longer than the rounds take
 		rng := rand.New(rand.NewPCG(uint64(len(delivery)), 9))
 		const rounds = 20
 		kills, wipes := 0, 0
@@ -71,6 +73,7 @@ func TestCrashLoop(t *testing.T) {
 			return
 		}
 		extra := requireNothingMissing(t, want, got)
+		requireRepeatsWithin(t, extra, repeatBound(kills, p.flushInterval(t), chunk, pause, p.partitions), fmt.Sprintf("%d kills", kills))
 		t.Logf("at-least-once: %d records expected, %d read: nothing missing, %d extra", want.Stats.Forwarded, got.Stats.Forwarded, extra)
 	})
 }
@@ -119,8 +122,9 @@ func TestZombieFencing(t *testing.T) {
 // worker runs: retriable and fatal produce errors, coordinator errors on the
 // transactional offset commit and on coordinator lookups, aborted
 // transactions (EndTxn answered TRANSACTION_ABORTABLE) and fetch errors. The
-// worker keeps running and the output stays exactly the model's; aborted
-// transactions are counted.
+// worker keeps running and the output stays exactly the model's (at least
+// once: nothing missing, and repeats within the README's bound, counting
+// each fault as one lost session); aborted transactions are counted.
 func TestBrokerFaults(t *testing.T) {
 	deliveries(t, func(t *testing.T, delivery string) {
 		p := newPipeline(t, 4)
@@ -131,7 +135,8 @@ func TestBrokerFaults(t *testing.T) {
 		c := p.b.fake(t)
 		recs := stream(8)
 		w := p.startWorker(t, t.TempDir())
-		f := p.feed(t, recs, 50, 10*time.Millisecond)
+		const chunk, pause = 50, 10 * time.Millisecond
+		f := p.feed(t, recs, chunk, pause)
 		faults := []kfake.Fault{
 			{Keys: []kmsg.Key{kmsg.Produce}, Topic: p.out, Err: kerr.NotLeaderForPartition, Count: 5},
 			{Keys: []kmsg.Key{kmsg.Fetch}, Topic: p.in, Err: kerr.NotLeaderForPartition, Count: 5},
@@ -183,6 +188,7 @@ func TestBrokerFaults(t *testing.T) {
 			return
 		}
 		extra := requireNothingMissing(t, want, got)
+		requireRepeatsWithin(t, extra, repeatBound(len(faults), p.flushInterval(t), chunk, pause, p.partitions), fmt.Sprintf("%d faults", len(faults)))
 		t.Logf("at-least-once under faults: nothing missing, %d extra", extra)
 	})
 }

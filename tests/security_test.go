@@ -155,7 +155,8 @@ func TestTLSAndSASL(t *testing.T) {
 
 // TestKafkaAccessRefused: a wrong SASL password, for each mechanism, or a
 // CA that did not sign the broker's certificate stops the worker within
-// seconds with one error line naming what was refused, instead of retrying.
+// seconds with one error line naming what was refused, instead of retrying;
+// the binary exits with code 1, as the README promises.
 func TestKafkaAccessRefused(t *testing.T) {
 	pki := newTestPKI(t)
 	other := newTestPKI(t)

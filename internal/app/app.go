@@ -140,6 +140,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		InstanceID:        cfg.InstanceID,
 		StartAtLatest:     cfg.StartOffset == "latest",
 		SessionTimeout:    cfg.SessionTimeout,
+		MetadataMaxAge:    cfg.MetadataMaxAge,
 		Delivery:          delivery(cfg),
 		TransactionalID:   cfg.TransactionalID,
 		RebuildEmpty:      cfg.Rebuild == "empty",

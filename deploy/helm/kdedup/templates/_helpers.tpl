@@ -177,6 +177,7 @@ is set, in the order of `kdedup run -h`, then GOMEMLIMIT and extraEnv.
   (list "KDEDUP_GROUP" $k.group)
   (list "KDEDUP_INSTANCE_ID" (ternary $podName nil .Values.staticMembership.enabled))
   (list "KDEDUP_START_OFFSET" $k.startOffset)
+  (list "KDEDUP_METADATA_MAX_AGE" $k.metadataMaxAge)
   (list "KDEDUP_SESSION_TIMEOUT" (include "kdedup.sessionTimeout" .))
   (list "KDEDUP_DELIVERY" $k.delivery)
   (list "KDEDUP_TRANSACTIONAL_ID" (ternary $podName nil (eq ($k.delivery | default "") "exactly-once")))

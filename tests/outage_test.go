@@ -1,0 +1,314 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kdedup/kdedup/internal/scenario"
+)
+
+// outage makes brokers of a kfake cluster unreachable and reachable again
+// while the cluster keeps its state, as a broker restart or a network
+// partition does: while a broker is down, its open connections are closed
+// and new ones are closed as soon as they are accepted (clients see EOF on
+// their first read).
+type outage struct {
+	mu    sync.Mutex
+	down  map[string]bool     // listener address: cut off
+	conns map[net.Conn]string // accepted connection: its listener's address
+}
+
+// listen is the cluster's kfake.ListenFn.
+func (o *outage) listen(network, addr string) (net.Listener, error) {
+	l, err := net.Listen(network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return outageListener{Listener: l, o: o, addr: l.Addr().String()}, nil
+}
+
+type outageListener struct {
+	net.Listener
+	o    *outage
+	addr string
+}
+
+func (l outageListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		l.o.mu.Lock()
+		if l.o.down[l.addr] {
+			l.o.mu.Unlock()
+			c.Close()
+			continue
+		}
+		l.o.conns[c] = l.addr
+		l.o.mu.Unlock()
+		return c, nil
+	}
+}
+
+// begin takes the brokers listening on addrs down: their connections are cut.
+func (o *outage) begin(addrs ...string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, a := range addrs {
+		o.down[a] = true
+	}
+	for c, a := range o.conns {
+		if o.down[a] {
+			c.Close()
+			delete(o.conns, c)
+		}
+	}
+}
+
+// beginOnProduce takes the broker down when it receives the next produce
+// request to topic, which it leaves unanswered: records were decided and
+// handed to the producer, and the outage cuts them off mid-flight.
+func (o *outage) beginOnProduce(t *testing.T, b *broker, topic string) <-chan struct{} {
+	t.Helper()
+	topics, err := b.admin(t).ListTopics(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := topics[topic].ID
+	begun := make(chan struct{})
+	var once sync.Once
+	b.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			if tp.Topic == topic || tp.TopicID == id {
+				handled := false
+				once.Do(func() {
+					o.begin(b.addrs...)
+					close(begun)
+					handled = true
+				})
+				if handled {
+					return nil, errors.New("broker outage"), true
+				}
+			}
+		}
+		b.cluster.KeepControl()
+		return nil, nil, false
+	})
+	return begun
+}
+
+// end brings every broker back.
+func (o *outage) end() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	clear(o.down)
+}
+
+// newOutagePipeline is newPipeline on a kfake cluster that can be cut off.
+// The test's own clients retry an EOF on a new connection (as the worker
+// must): they know their configuration is right.
+func newOutagePipeline(t *testing.T, brokers int, partitions int32) (*pipeline, *outage) {
+	t.Helper()
+	o := &outage{down: map[string]bool{}, conns: map[net.Conn]string{}}
+	c, err := kfake.NewCluster(kfake.NumBrokers(brokers), kfake.GroupMinSessionTimeout(time.Second), kfake.ListenFn(o.listen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	prefix := fmt.Sprintf("kdedup-%s-%08x-", strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")), rand.Uint32())
+	b := &broker{addrs: c.ListenAddrs(), prefix: prefix, cluster: c, conn: []kgo.Opt{kgo.AlwaysRetryEOF()}}
+	p := &pipeline{b: b, in: b.name("in"), out: b.name("out"), group: b.name("group"), partitions: partitions, delivery: "at-least-once"}
+	b.createTopics(t, partitions, p.in)
+	b.createTopics(t, 8*partitions, p.out) // many output partitions: a record decided in the outage often starts a new batch
+	return p, o
+}
+
+// repeatBound is what the README allows at least once per lost session
+// (a kill, a lost group session): the records decided since the last write
+// batch, which are the records of one flush interval at the input rate plus
+// one poll per partition. The feeder produces chunk records every pause, so
+// that its rate is at most chunk/pause, and a poll of a partition that keeps
+// up holds at most what arrived since its previous poll, one chunk.
+func repeatBound(losses int, flush time.Duration, chunk int, pause time.Duration, partitions int32) int {
+	perInterval := int(float64(chunk) * flush.Seconds() / pause.Seconds())
+	return losses * (perInterval + chunk*int(partitions))
+}
+
+// requireRepeatsWithin fails the test when at-least-once output holds more
+// extra records than bound.
+func requireRepeatsWithin(t *testing.T, extra, bound int, why string) {
+	t.Helper()
+	if extra > bound {
+		t.Fatalf("%d records forwarded again, more than the %d at-least-once allows for %s", extra, bound, why)
+	}
+}
+
+// flushInterval is the pipeline's KDEDUP_FLUSH_INTERVAL.
+func (p *pipeline) flushInterval(t *testing.T) time.Duration {
+	t.Helper()
+	d, err := time.ParseDuration(p.env("")["KDEDUP_FLUSH_INTERVAL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestBrokerOutage cuts the worker off from the broker for more than two
+// session timeouts, beginning as it produces forwarded records, while input
+// keeps arriving (the broker keeps its state, as after a restart): produces
+// stall, the group expires the worker's membership, and the worker must
+// keep running, rejoin and take its partitions back. Exactly once the output
+// equals the model; at least once nothing is missing and the records
+// forwarded again stay within the bound of one lost session.
+func TestBrokerOutage(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p, o := newOutagePipeline(t, 1, 4)
+		p.delivery = delivery
+		const session = 3 * time.Second
+		p.extraEnv = map[string]string{"KDEDUP_SESSION_TIMEOUT": session.String()}
+		recs := stream(10)
+		w := p.startWorker(t, t.TempDir())
+		const chunk, pause = 20, 10 * time.Millisecond
+		f := p.feed(t, recs, chunk, pause)
+		f.until(len(recs) / 3)
+		<-o.beginOnProduce(t, p.b, p.out)
+		time.Sleep(2*session + time.Second)
+		o.end()
+		f.wait(t)
+		want, got := p.output(t, recs)
+		w.running(t)
+		// Exactly once the transaction times out first, and the worker
+		// restarts its Kafka session instead of losing the partitions.
+		if n := w.metric(t, "kdedup_partitions_lost_total") + w.metric(t, "kdedup_session_restarts_total"); n == 0 {
+			t.Error("no partition was lost and no session restarted: the outage did not outlast the group session")
+		}
+		w.stop(t)
+		if delivery == "exactly-once" {
+			requireExact(t, want, got)
+			return
+		}
+		extra := requireNothingMissing(t, want, got)
+		requireRepeatsWithin(t, extra, repeatBound(1, p.flushInterval(t), chunk, pause, p.partitions), "one lost session")
+		t.Logf("at-least-once across the outage: %d records expected, nothing missing, %d extra", want.Stats.Forwarded, extra)
+	})
+}
+
+// TestBrokerBlip cuts the worker process off from the broker for one
+// second, a third of its session timeout, three times while input keeps
+// arriving, as a broker restart does: connections see EOF on their first
+// read. Within the session timeout the group session must survive (no
+// partition lost, so nothing repeated), the process keeps running and
+// exits 0 on SIGTERM; the output equals the model.
+func TestBrokerBlip(t *testing.T) {
+	p, o := newOutagePipeline(t, 1, 4)
+	p.extraEnv = map[string]string{"KDEDUP_LOG_LEVEL": "info"}
+	recs := stream(11)
+	pr := p.startProcess(t, t.TempDir())
+	pr.waitReady(t)
+	f := p.feed(t, recs, 20, 10*time.Millisecond)
+	for i := range 3 {
+		f.until((i + 1) * len(recs) / 4)
+		o.begin(p.b.addrs...)
+		time.Sleep(time.Second)
+		o.end()
+	}
+	f.wait(t)
+	want, got := p.output(t, recs)
+	if err := pr.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("the worker is gone: %v", err)
+	}
+	if err := pr.cmd.Wait(); err != nil {
+		t.Fatalf("after SIGTERM: %v", err)
+	}
+	if n := strings.Count(pr.logText(t), "lost=true"); n > 0 {
+		t.Errorf("%d partitions lost to outages shorter than the session timeout", n)
+	}
+	requireExact(t, want, got)
+}
+
+// TestPartitionsAdded adds partitions to the input topic of a group whose
+// workers run with KDEDUP_START_OFFSET=latest, once while no worker runs and
+// once while one does, and produces to them at once: as the group was
+// reading the topic before they existed, they are read from their start,
+// and a running worker picks them up within its metadata age. The output
+// is exactly the model's.
+func TestPartitionsAdded(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 2)
+		p.delivery = delivery
+		dir := t.TempDir()
+		part1 := stream(12)[:1000]
+		p.runPart(t, dir, part1) // the group commits offsets in the topic
+		part2 := p.addPartitions(t, 1, "added-", stream(13)[:1000])
+		p.extraEnv = map[string]string{"KDEDUP_START_OFFSET": "latest", "KDEDUP_METADATA_MAX_AGE": "1s"}
+		w := p.startWorker(t, dir)
+		part3 := p.addPartitions(t, 1, "later-", stream(14)[:1000])
+		want, got := p.output(t, slices.Concat(part1, part2, part3))
+		w.stop(t)
+		requireExact(t, want, got)
+	})
+}
+
+// addPartitions adds n partitions to the input topic and produces recs,
+// their keys prefixed (a key's partition changes with the partition count,
+// and the filter is per partition), once the producer sees the new
+// partitions. It fails the test unless some records go to them.
+func (p *pipeline) addPartitions(t *testing.T, n int, prefix string, recs []*kgo.Record) []*kgo.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	before := p.partitions
+	resp, err := p.b.admin(t).CreatePartitions(ctx, n, p.in)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("adding %d partitions to %s: %v", n, p.in, err)
+	}
+	p.partitions += int32(n)
+	for _, r := range recs {
+		if len(r.Key) > 0 {
+			r.Key = append([]byte(prefix), r.Key...)
+		}
+	}
+	cl := p.b.client(t, kgo.MetadataMinAge(50*time.Millisecond), kgo.MetadataMaxAge(100*time.Millisecond))
+	for {
+		topics, err := kadm.NewClient(cl).ListTopics(ctx, p.in)
+		if err == nil && int32(len(topics[p.in].Partitions)) == p.partitions {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s does not list its %d partitions", p.in, p.partitions)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := scenario.Produce(ctx, cl, p.in, recs); err != nil {
+		t.Fatal(err)
+	}
+	added := 0
+	for _, r := range recs {
+		if r.Partition >= before {
+			added++
+		}
+	}
+	if added == 0 {
+		t.Fatal("no record went to the added partitions")
+	}
+	t.Logf("%d of %d records went to the %d added partitions", added, len(recs), n)
+	return recs
+}
