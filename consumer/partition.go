@@ -52,6 +52,10 @@ type partition struct {
 	inflight sync.WaitGroup
 	prodErr  atomic.Pointer[error]
 	failed   bool
+	// At least once: records the broker refused, to retry alone at the
+	// next write batch (retryRejected).
+	rejectedMu sync.Mutex
+	rejected   []rejected
 }
 
 func newPartition(w *Worker, topic string, p int32, d *dedup.Partition) *partition {
@@ -198,6 +202,14 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 	replay := pw.replaySnapshot() // startReplay precedes the first fetch
 	replaying := !replay.start.IsZero()
 	for _, r := range recs {
+		if e, ok := skipped(r); ok { // a batch over MaxDecompressBytes
+			if r.Offset >= replay.until {
+				pw.skip(e, produce)
+			}
+			pw.next = store.Checkpoint{Offset: e.NextOffset, LeaderEpoch: e.Epoch}
+			pw.decided++
+			continue
+		}
 		if r.Offset < replay.until {
 			if err := pw.d.Replay(r); err != nil {
 				pw.fail(err)
@@ -219,10 +231,14 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 			if d == dedup.Unkeyed {
 				pw.w.log.Debug("record cannot be keyed; forwarded unchanged", "topic", pw.topic, "partition", pw.partition, "offset", r.Offset, "reason", pw.d.LastKeyError())
 			}
+			sent := true
 			if forwards(d) {
-				produce(r, pw.output(r))
+				sent = pw.send(r, pw.output(r), produce)
 			} else if reason := dropReason(d); reason != "" && dups != "" {
-				produce(r, pw.dropped(r, reason))
+				sent = pw.send(r, pw.dropped(r, reason), produce)
+			}
+			if !sent {
+				return // failed: nothing from r on is committed
 			}
 		}
 		pw.next = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
@@ -310,10 +326,10 @@ func (pw *partition) produce(in, out *kgo.Record) {
 	// Not the worker's context: records already decided must be delivered
 	// (or fail) before the write batch that covers them, even at shutdown.
 	pw.w.cl.Produce(context.Background(), out, func(_ *kgo.Record, err error) {
+		pw.w.countDeadLetter(out, err)
 		if err != nil {
 			pw.w.m.produceErrors.Inc()
-			err = fmt.Errorf("producing record of %s/%d offset %d to %s: %w", pw.topic, pw.partition, in.Offset, out.Topic, err)
-			pw.prodErr.CompareAndSwap(nil, &err)
+			pw.produceFailed(in, out, err)
 		}
 		pw.inflight.Done()
 	})
@@ -336,6 +352,10 @@ func (pw *partition) flush() {
 	pw.inflight.Wait()
 	if err := pw.prodErr.Load(); err != nil {
 		pw.fail(*err)
+		return
+	}
+	if err := pw.retryRejected(); err != nil {
+		pw.fail(err)
 		return
 	}
 	dirty := pw.d.DirtyBytes()

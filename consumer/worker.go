@@ -53,6 +53,30 @@ type Options struct {
 	// into the filter produce nothing. It must differ from OutputTopic and
 	// from every input topic (default: none).
 	DuplicatesTopic string
+	// DeadLetterTopic, if set, receives each input record that cannot be
+	// forwarded (or sent to DuplicatesTopic) because of the record itself:
+	// larger than MaxRecordBytes of its target topic, rejected by the
+	// broker as invalid, or in a batch over MaxDecompressBytes. It carries
+	// the input record with the headers HeaderDeadLetterReason,
+	// HeaderSource, HeaderTarget and HeaderDetail appended, is produced
+	// like OutputTopic, and processing goes on. Empty: such a record stops
+	// the worker with a *RecordError naming it. It must differ from
+	// OutputTopic, DuplicatesTopic and every input topic (default: none).
+	DeadLetterTopic string
+	// MaxRecordBytes returns the max.message.bytes of a topic the worker
+	// produces to (OutputTopic, DuplicatesTopic, DeadLetterTopic), in
+	// bytes: a record whose batch of its own (recordBatchBytes, before
+	// compression) is larger is a dead letter instead of a produce error,
+	// and the producer's batches to the topic are bounded by it. It is
+	// called with "" too, for the client's default. Nil: 1,048,588 bytes
+	// (DefaultMaxRecordBytes) for every topic.
+	MaxRecordBytes func(topic string) int
+	// MaxDecompressBytes bounds what one input record batch may
+	// decompress to, in bytes (default 64 MiB). A larger batch is not
+	// decompressed; its records are skipped as one dead letter (without
+	// key or value) or, without DeadLetterTopic, the worker stops with a
+	// *RecordError naming the batch's offsets.
+	MaxDecompressBytes int
 	// Group is the consumer group id (default "kdedup").
 	Group string
 	// InstanceID, when set, makes the worker a static group member
@@ -138,6 +162,9 @@ func (o Options) withDefaults() Options {
 	if o.PageBytes == 0 {
 		o.PageBytes = 4096
 	}
+	if o.MaxDecompressBytes == 0 {
+		o.MaxDecompressBytes = 64 << 20
+	}
 	if o.TransactionalID == "" {
 		host, _ := os.Hostname()
 		o.TransactionalID = fmt.Sprintf("kdedup-%s-%d-%08x", host, os.Getpid(), time.Now().UnixNano()&0xffffffff)
@@ -162,10 +189,14 @@ type Worker struct {
 	cl    *kgo.Client
 	sess  *kgo.GroupTransactSession // ExactlyOnce only
 	ready atomic.Bool
+	fatal atomic.Bool // fail was called: never ready again
 
 	mu      sync.Mutex
 	parts   map[topicPartition]*partition
 	closing bool
+
+	rejections   txnRejections    // exactly once: records refused by the broker
+	skippedInTxn []topicPartition // exactly once: batches skipped in the current transaction
 
 	fatalOnce  sync.Once
 	fatalErr   error
@@ -193,6 +224,9 @@ func New(opts Options) (*Worker, error) {
 	if d := opts.DuplicatesTopic; d != "" && (d == opts.OutputTopic || slices.Contains(opts.InputTopics, d)) {
 		errs = append(errs, fmt.Errorf("consumer: duplicates topic %q is also the output topic or an input topic", d))
 	}
+	if d := opts.DeadLetterTopic; d != "" && (d == opts.OutputTopic || d == opts.DuplicatesTopic || slices.Contains(opts.InputTopics, d)) {
+		errs = append(errs, fmt.Errorf("consumer: dead-letter topic %q is also the output, the duplicates or an input topic", d))
+	}
 	if opts.Open == nil || opts.Forwards == nil {
 		errs = append(errs, errors.New("consumer: Open and Forwards are required"))
 	}
@@ -204,13 +238,16 @@ func New(opts Options) (*Worker, error) {
 		log:   opts.Logger,
 		parts: map[topicPartition]*partition{},
 	}
+	w.rejections.known = map[recordTarget]rejection{}
+	w.rejections.isolated = map[recordTarget]bool{}
 	w.m = newMetrics(opts.Registerer, w)
 	return w, nil
 }
 
 // Ready reports whether the worker has joined its group and opened the state
-// of every partition assigned to it; false again once shutdown begins.
-func (w *Worker) Ready() bool { return w.ready.Load() }
+// of every partition assigned to it; false again once shutdown begins or a
+// fatal error stops it.
+func (w *Worker) Ready() bool { return w.ready.Load() && !w.fatal.Load() }
 
 // Run consumes until ctx is canceled or a partition fails. On cancellation
 // it stops polling, lets every partition finish its write batch, commits the
@@ -275,6 +312,8 @@ func (w *Worker) connect() error {
 		kgo.OnPartitionsLost(w.lost),
 		kgo.AdjustFetchOffsetsFn(w.adjustOffsets),
 		kgo.DefaultProduceTopic(w.opts.OutputTopic),
+		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 { return producerBatchMaxBytes(w.maxRecordBytes(topic)) }),
+		kgo.MaxDecompressBatchBytes(w.opts.MaxDecompressBytes),
 		kgo.WithLogger(kslog.New(w.log)),
 	}
 	if w.opts.InstanceID != "" {
@@ -313,6 +352,7 @@ func (w *Worker) pollLoop(ctx context.Context) {
 		}
 		w.logFetchErrors(fetches)
 		fetches.EachPartition(w.observeHighWatermark)
+		fetches = w.skipRecords(fetches)
 		fetches.EachPartition(w.dispatch)
 		w.cl.AllowRebalance()
 	}
@@ -363,6 +403,7 @@ func (w *Worker) partition(topic string, p int32) *partition {
 
 // fail records the first fatal error and stops polling.
 func (w *Worker) fail(err error) {
+	w.fatal.Store(true)
 	w.fatalOnce.Do(func() {
 		w.log.Error("stopping the worker", "err", err)
 		w.mu.Lock()
@@ -644,6 +685,7 @@ type metrics struct {
 	txns            *prometheus.CounterVec
 	txnSeconds      prometheus.Histogram
 	sessionRestarts prometheus.Counter
+	deadLetters     *prometheus.CounterVec
 }
 
 // newMetrics registers the worker's metrics with reg (nil: none), among
@@ -683,6 +725,13 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
 		sessionRestarts: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_session_restarts_total",
 			Help: "Kafka client sessions restarted after the transactional producer became unusable (fenced); exactly-once only."}),
+		deadLetters: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_dead_letter_records_total",
+			Help: "Records acknowledged by the dead-letter topic, by reason (too-large, invalid, decompress-too-large); exactly once, those of an aborted transaction are counted again when decided again."}, []string{"reason"}),
+	}
+	if w.opts.DeadLetterTopic != "" {
+		for _, r := range []string{ReasonTooLarge, ReasonInvalid, ReasonDecompressTooLarge} {
+			m.deadLetters.WithLabelValues(r)
+		}
 	}
 	if w.opts.Delivery == ExactlyOnce {
 		// Both outcomes from the start, so that an increase from 0 shows.
