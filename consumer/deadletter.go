@@ -196,7 +196,7 @@ func (w *Worker) produceError(in, out *kgo.Record, err error) error {
 		return &TopicError{Variable: w.topicVariable(out.Topic), Topic: out.Topic, Err: err}
 	}
 	if reason := recordReason(err); reason != "" {
-		return &RecordError{Topic: in.Topic, Partition: in.Partition, Offset: in.Offset, Target: out.Topic, Reason: reason, Detail: err.Error(), Err: err}
+		return fmt.Errorf("producing record %s/%d offset %d to %s: refused by the broker (%s): %w", in.Topic, in.Partition, in.Offset, out.Topic, reason, err)
 	}
 	return fmt.Errorf("producing record of %s/%d offset %d to %s: %w", in.Topic, in.Partition, in.Offset, out.Topic, err)
 }

@@ -88,7 +88,8 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	}
 	var (
 		mu      sync.Mutex
-		prodErr error
+		prodErr error // the first produce error
+		nFailed int   // records that failed
 		touched []*partition
 		failed  error
 	)
@@ -99,7 +100,10 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 				w.m.produceErrors.Inc()
 				w.txnProduceFailed(in, out, err)
 				mu.Lock()
-				prodErr = errors.Join(prodErr, w.produceError(in, out, err))
+				if prodErr == nil {
+					prodErr = w.produceError(in, out, err)
+				}
+				nFailed++
 				mu.Unlock()
 			}
 		})
@@ -137,7 +141,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	try := kgo.TryCommit
 	mu.Lock()
 	if prodErr != nil {
-		w.log.Warn("producing in a transaction failed; aborting it, the input will be decided again", "err", prodErr)
+		w.log.Warn("producing in a transaction failed; aborting it, the input will be decided again", "err", prodErr, "failed_records", nFailed)
 		try = kgo.TryAbort
 	}
 	txnProdErr := prodErr

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -348,6 +349,10 @@ func TestRefusedByBroker(t *testing.T) {
 			second = append(second, &kgo.Record{Key: fmt.Appendf(nil, "small-%d", i), Value: []byte("v"), Timestamp: ts})
 		}
 		large := sized("large", 6000, ts)
+		rnd := rand.New(rand.NewPCG(1, 2))
+		for i := range large.Value { // incompressible: the worker's producer compresses
+			large.Value[i] = byte(rnd.Uint32())
+		}
 		second = slices.Insert(second, 3, large)
 		// One produce request, so that the worker polls them together.
 		if err := scenario.Produce(context.Background(), cl, p.in, second); err != nil {
