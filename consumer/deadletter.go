@@ -376,9 +376,11 @@ func (pw *partition) produceFailed(in, out *kgo.Record, err error) {
 	pw.prodErr.CompareAndSwap(nil, &err)
 }
 
-// retryRejected produces again, one at a time and each alone in its record
-// batch, the records the broker refused as a batch (at least once): the
-// broker rejects a whole batch, so all but one may be innocent neighbours.
+// retryRejected produces again, one at a time, the records the broker
+// refused as a batch (at least once): the broker rejects a whole batch, so
+// all but one may be innocent neighbours. Each waits for the previous one's
+// ack, so it travels alone in its batch unless another partition produces
+// to the same output partition at that moment.
 // Those refused again are dead letters. It runs in flush, after every
 // produced record was acknowledged; a record forwarded by a retry may land
 // after later records of the same output partition.

@@ -712,7 +712,7 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 		partialRebuilds: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_partial_rebuilds_total",
 			Help: "Replays that could not start where they had to because the input was no longer retained."}),
 		produceErrors: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_produce_errors_total",
-			Help: "Records the output or duplicates topic did not acknowledge (at least once: each stops the worker without committing; exactly once: each aborts the transaction)."}),
+			Help: "Produce attempts the output, duplicates or dead-letter topic did not acknowledge (a record refused by the broker is produced again alone, then dead-lettered; other errors stop the worker at least once and abort the transaction exactly once)."}),
 		batches: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_write_batches_total", Help: "Write batches committed to Badger."}),
 		batchRecords: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_write_batch_records",
 			Help: "Input records (decided or replayed) covered by one committed write batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 11)}),
