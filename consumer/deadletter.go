@@ -392,7 +392,12 @@ func (pw *partition) retryRejected() error {
 	slices.SortStableFunc(rej, func(a, b rejected) int { return cmp.Compare(a.in.Offset, b.in.Offset) })
 	ctx := context.Background() // decided records must be delivered before the write batch, even at shutdown
 	for _, x := range rej {
-		err := pw.w.cl.ProduceSync(ctx, x.out).FirstErr()
+		var err error
+		for range refusalsAlone { // refused alone twice: not a transient broker fault
+			if err = pw.w.cl.ProduceSync(ctx, x.out).FirstErr(); err == nil || recordReason(err) == "" {
+				break
+			}
+		}
 		if err == nil {
 			continue
 		}
@@ -430,30 +435,34 @@ func targetOf(in, out *kgo.Record) recordTarget {
 
 // txnRejections remembers, exactly once, the records the broker refused in
 // an aborted transaction, so that deciding them again does not abort again
-// and again. A batch is refused as a whole: when one record alone was
-// refused it is known to be the culprit (confirmed) and is a dead letter
-// when decided again; when several shared the refused batch each is a
-// suspect, produced alone in its batch when decided again (one more aborted
-// transaction at most) to tell the culprit from its neighbours. It is used
-// by the transaction loop's goroutine, and by produce promises under mu.
+// and again. A batch is refused as a whole, so a refused record is first a
+// suspect: when decided again it is produced alone in its batch. A record
+// refused alone twice (once could be a transient broker fault) is the
+// culprit: decided again, it is a dead letter, or without a dead-letter
+// topic the worker stops. A record is thus in at most three aborted
+// transactions: refused in a batch, then alone twice. It is used by the
+// transaction loop's goroutine, and by produce promises under mu.
 type txnRejections struct {
 	mu        sync.Mutex
 	known     map[recordTarget]rejection
 	isolated  map[recordTarget]bool // produced alone in the current transaction
 	refused   []rejected            // record-tied failures of the current transaction
-	abortsRun int                   // consecutive transactions aborted by produce errors
+	abortsRun int                   // consecutive transactions aborted by other produce errors
 }
 
 type rejection struct {
 	reason, detail string
 	err            error
-	confirmed      bool
+	alone          int // times refused while produced alone
 }
 
+// refusalsAlone is how many times a record must be refused alone in its
+// batch to be taken for the culprit.
+const refusalsAlone = 2
+
 // maxProduceAborts bounds consecutive transactions aborted by produce
-// errors: two suffice to find and route refused records (one to learn the
-// batch, one to isolate the culprits); more means an error the worker
-// cannot route, which stops it instead of aborting in a loop.
+// errors not tied to a record (those are bounded per record, above): past
+// it the worker stops instead of aborting in a loop.
 const maxProduceAborts = 3
 
 // sendTxn is send's exactly-once part for a record refused in an earlier
@@ -468,14 +477,14 @@ func (pw *partition) sendTxn(in, out *kgo.Record, produce func(in, out *kgo.Reco
 	t := &w.rejections
 	t.mu.Lock()
 	rj, ok := t.known[key]
-	if ok {
+	if ok && rj.alone >= refusalsAlone {
 		delete(t.known, key)
 	}
 	t.mu.Unlock()
 	switch {
 	case !ok:
 		return false, true
-	case rj.confirmed:
+	case rj.alone >= refusalsAlone:
 		return true, pw.deadLetter(in, out.Topic, rj.reason, rj.detail, rj.err, produce)
 	}
 	// A suspect: alone in its batch, so that a refusal names it.
@@ -501,37 +510,54 @@ func (w *Worker) txnProduceFailed(in, out *kgo.Record, err error) {
 
 // endTxnRejections learns from the transaction that just ended which
 // records were refused and returns the error that must stop the worker, if
-// any: a confirmed culprit without a dead-letter topic, or too many aborts
-// in a row caused by produce errors (prodErr).
+// any: a culprit without a dead-letter topic, a topic error, or too many
+// aborts in a row caused by other produce errors (prodErr is the first).
 func (w *Worker) endTxnRejections(committed bool, prodErr error) error {
 	t := &w.rejections
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	refused, isolated := t.refused, t.isolated
 	t.refused, t.isolated = nil, map[recordTarget]bool{}
-	if committed {
-		t.abortsRun = 0
+	if committed || prodErr == nil {
+		// Committed: every record produced alone was accepted. Aborted
+		// for another reason (rebalance, fencing): decide again as
+		// usual, the suspects staying suspects.
+		if committed {
+			for key := range isolated {
+				delete(t.known, key)
+			}
+			t.abortsRun = 0
+		}
 		return nil
-	}
-	if prodErr == nil {
-		return nil // aborted for another reason (rebalance, fencing): decide again as usual
-	}
-	t.abortsRun++
-	for _, x := range refused {
-		key := targetOf(x.in, x.out)
-		rj := rejection{reason: recordReason(x.err), detail: x.err.Error(), err: x.err, confirmed: len(refused) == 1 || isolated[key]}
-		if rj.confirmed && w.opts.DeadLetterTopic == "" {
-			return &RecordError{Topic: x.in.Topic, Partition: x.in.Partition, Offset: x.in.Offset, Target: x.out.Topic, Reason: rj.reason, Detail: rj.detail, Err: x.err}
-		}
-		if old, ok := t.known[key]; !ok || !old.confirmed {
-			t.known[key] = rj
-		}
 	}
 	var te *TopicError
 	if errors.As(prodErr, &te) {
 		return te
 	}
-	if t.abortsRun > maxProduceAborts {
+	refusedNow := map[recordTarget]bool{}
+	for _, x := range refused {
+		key := targetOf(x.in, x.out)
+		refusedNow[key] = true
+		rj := t.known[key]
+		rj.reason, rj.detail, rj.err = recordReason(x.err), x.err.Error(), x.err
+		if isolated[key] {
+			rj.alone++
+		}
+		t.known[key] = rj
+		if rj.alone >= refusalsAlone && w.opts.DeadLetterTopic == "" {
+			return &RecordError{Topic: x.in.Topic, Partition: x.in.Partition, Offset: x.in.Offset, Target: x.out.Topic, Reason: rj.reason, Detail: rj.detail, Err: x.err}
+		}
+	}
+	for key := range isolated {
+		if !refusedNow[key] {
+			delete(t.known, key) // accepted alone: a neighbour of the culprit
+		}
+	}
+	if len(refused) > 0 {
+		t.abortsRun = 0
+		return nil
+	}
+	if t.abortsRun++; t.abortsRun > maxProduceAborts {
 		return fmt.Errorf("producing in a transaction failed %d times in a row; stopping instead of aborting again: %w", t.abortsRun, prodErr)
 	}
 	return nil
