@@ -16,7 +16,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/internal/app"
@@ -534,4 +536,44 @@ func TestCompressionBomb(t *testing.T) {
 			t.Fatal("worker still running 60s after a batch over KDEDUP_MAX_DECOMPRESS_BYTES")
 		}
 	})
+}
+
+// TestTopicNotWritable: with ACLs, a worker whose principal may describe
+// the output topic but not write it stops at start-up with an error naming
+// KDEDUP_OUTPUT_TOPIC and the missing permission, before joining the group.
+func TestTopicNotWritable(t *testing.T) {
+	in, out := "acl-in", "acl-out"
+	allow := func(res kmsg.ACLResourceType, name string, op kmsg.ACLOperation) kfake.ACL {
+		return kfake.ACL{Resource: res, Name: name, Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: op, Allow: true}
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
+		kfake.Superuser("PLAIN", "admin", "admin-pw"),
+		kfake.User("PLAIN", "worker", "worker-pw",
+			allow(kmsg.ACLResourceTypeTopic, in, kmsg.ACLOperationRead),
+			allow(kmsg.ACLResourceTypeTopic, in, kmsg.ACLOperationDescribe),
+			allow(kmsg.ACLResourceTypeTopic, out, kmsg.ACLOperationDescribe),
+			allow(kmsg.ACLResourceTypeGroup, "acl-group", kmsg.ACLOperationRead)),
+		kfake.SeedTopics(1, in, out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cfg, err := config.LoadFrom(map[string]string{
+		"KDEDUP_BROKERS": strings.Join(c.ListenAddrs(), ","), "KDEDUP_INPUT_TOPICS": in, "KDEDUP_OUTPUT_TOPIC": out, "KDEDUP_GROUP": "acl-group",
+		"KDEDUP_DATA_DIR": t.TempDir(), "KDEDUP_HTTP_ADDR": "127.0.0.1:0",
+		"KDEDUP_SASL_MECHANISM": "PLAIN", "KDEDUP_SASL_USERNAME": "worker", "KDEDUP_SASL_PASSWORD": "worker-pw",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = app.Run(ctx, cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil)
+	want := "KDEDUP_OUTPUT_TOPIC=" + out + ": not authorized to write to the topic"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Run = %v, want an error containing %q", err, want)
+	}
+	if errors.Is(err, app.ErrConfig) {
+		t.Errorf("a topic not writable is reported as a configuration error (exit 2): %v", err)
+	}
 }
