@@ -577,3 +577,48 @@ func TestTopicNotWritable(t *testing.T) {
 		t.Errorf("a topic not writable is reported as a configuration error (exit 2): %v", err)
 	}
 }
+
+// TestMaxRecordBytesFromBroker: the output topic's own max.message.bytes
+// (2 MiB, above Kafka's default) is read from the broker at start-up, so a
+// 1.5 MiB record is forwarded, not dead-lettered; KDEDUP_MAX_RECORD_BYTES
+// overrides it.
+func TestMaxRecordBytesFromBroker(t *testing.T) {
+	for name, override := range map[string]string{"topic": "", "override": "1MiB"} {
+		t.Run(name, func(t *testing.T) {
+			p := newPipeline(t, 1)
+			p.b.setTopicConfig(t, p.in, "max.message.bytes", strconv.Itoa(4<<20))
+			p.b.setTopicConfig(t, p.out, "max.message.bytes", strconv.Itoa(2<<20))
+			dead := p.withDeadLetterTopic(t, 4<<20)
+			if override != "" {
+				p.extraEnv["KDEDUP_MAX_RECORD_BYTES"] = override
+			}
+			recs := scenario.Generate(scenario.Options{Keys: 50, Seed: 17})
+			big := sized("big", 1536<<10, scenario.Base.Add(time.Hour))
+			recs = slices.Insert(recs, 20, big)
+			if err := scenario.Produce(context.Background(), p.b.bigClient(t), p.in, recs); err != nil {
+				t.Fatal(err)
+			}
+			w := p.startWorker(t, t.TempDir())
+			want, got := p.output(t, recs)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			deadRead, err := scenario.ReadAll(ctx, p.b.addrs, dead)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.stop(t)
+			if override == "" {
+				requireExact(t, want, got)
+				if len(deadRead) != 0 {
+					t.Errorf("%d dead letters, want none: the topic's max.message.bytes allows the record", len(deadRead))
+				}
+				return
+			}
+			delete(want.PerKey, "big")
+			requireExact(t, want, got)
+			if len(deadRead) != 1 || string(deadRead[0].Key) != "big" {
+				t.Fatalf("dead letters %d, want the record above KDEDUP_MAX_RECORD_BYTES", len(deadRead))
+			}
+		})
+	}
+}
