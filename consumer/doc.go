@@ -30,7 +30,12 @@
 // partition that is lost (session expiry, fencing) drops its uncommitted
 // state without committing.
 //
-// A storage or produce error stops the worker: Run returns it after the other
-// partitions finish their write batches; the failed partition commits
-// nothing, so its next owner resumes from its last good checkpoint.
+// A record that cannot be forwarded because of the record itself (too large
+// for its target topic, refused by the broker, in a batch over
+// MaxDecompressBytes) goes to DeadLetterTopic and processing goes on (see
+// deadletter.go). Without one, or on any other storage or produce error,
+// the worker stops: Run returns the error after the other partitions finish
+// their write batches; the failed partition commits nothing, so its next
+// owner resumes from its last good checkpoint. Exactly once, such an error
+// aborts one transaction, never a loop of them.
 package consumer

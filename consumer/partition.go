@@ -61,6 +61,10 @@ type partition struct {
 	inflight sync.WaitGroup
 	prodErr  atomic.Pointer[error]
 	failed   atomic.Bool
+	// At least once: records the broker refused, to retry alone at the
+	// next write batch (retryRejected).
+	rejectedMu sync.Mutex
+	rejected   []rejected
 }
 
 func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Partition) *partition {
@@ -190,6 +194,12 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 	}
 	forwards, dups := pw.w.opts.Forwards, pw.w.opts.DuplicatesTopic
 	for _, r := range recs {
+		if e, ok := skipped(r); ok { // a batch over MaxDecompressBytes
+			pw.skip(e, produce)
+			pw.next = store.Checkpoint{Offset: e.NextOffset, LeaderEpoch: e.Epoch}
+			pw.decided++
+			continue
+		}
 		d, err := pw.d.Decide(r)
 		if err != nil {
 			pw.fail(err)
@@ -198,10 +208,14 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 		if d == dedup.Unkeyed {
 			pw.w.log.Debug("record cannot be keyed; forwarded unchanged", "topic", pw.topic, "partition", pw.partition, "offset", r.Offset, "reason", pw.d.LastKeyError())
 		}
+		sent := true
 		if forwards(d) {
-			produce(r, pw.output(r))
+			sent = pw.send(r, pw.output(r), produce)
 		} else if reason := dropReason(d); reason != "" && dups != "" {
-			produce(r, pw.dropped(r, reason))
+			sent = pw.send(r, pw.dropped(r, reason), produce)
+		}
+		if !sent {
+			return // failed: nothing from r on is committed
 		}
 		pw.next = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
 		pw.decided++
@@ -267,10 +281,10 @@ func (pw *partition) produce(in, out *kgo.Record) {
 	// Not the worker's context: records already decided must be delivered
 	// (or fail) before the write batch that covers them, even at shutdown.
 	pw.cl.Produce(context.Background(), out, func(_ *kgo.Record, err error) {
+		pw.w.countDeadLetter(out, err)
 		if err != nil {
 			pw.w.m.produceErrors.Inc()
-			err = fmt.Errorf("producing record of %s/%d offset %d to %s: %w", pw.topic, pw.partition, in.Offset, out.Topic, err)
-			pw.prodErr.CompareAndSwap(nil, &err)
+			pw.produceFailed(in, out, err)
 		}
 		pw.inflight.Done()
 	})
@@ -299,6 +313,10 @@ func (pw *partition) flush() {
 	pw.inflight.Wait()
 	if err := pw.prodErr.Load(); err != nil {
 		pw.fail(*err)
+		return
+	}
+	if err := pw.retryRejected(); err != nil {
+		pw.fail(err)
 		return
 	}
 	dirty := pw.d.DirtyBytes()

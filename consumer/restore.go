@@ -106,6 +106,7 @@ func (pw *partition) replayRange(ctx context.Context, from, until int64) (stoppe
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(restoreIdle / 2),
+		kgo.MaxDecompressBatchBytes(w.opts.MaxDecompressBytes),
 		kgo.WithLogger(kslog.New(w.log.With("client", "restore", "topic", pw.topic, "partition", pw.partition))),
 	}, w.opts.ConnOpts...)...)
 	if err != nil {
@@ -126,16 +127,27 @@ func (pw *partition) replayRange(ctx context.Context, from, until int64) (stoppe
 			}
 			return true, pw.commitReplay(cp)
 		}
-		fetches.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-				w.log.Warn("restore fetch error", "topic", pw.topic, "partition", pw.partition, "err", err)
-			}
-		})
 		var (
 			got  int
 			done bool
 			rerr error
 		)
+		fetches.EachError(func(_ string, _ int32, err error) {
+			var bomb *kgo.ErrDecompressTooLarge
+			switch {
+			case errors.As(err, &bomb):
+				// A batch over MaxDecompressBytes: decided as a skipped
+				// batch (a dead letter, see skipRecords), it changed
+				// nothing in the filter. One that straddles the replay's
+				// end is the group client's to meet again.
+				cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{pw.topic: {pw.partition: {Epoch: bomb.Epoch, Offset: bomb.NextOffset}}})
+				cp = store.Checkpoint{Offset: min(bomb.NextOffset, until), LeaderEpoch: bomb.Epoch}
+				done = cp.Offset >= until
+				got++
+			case !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled):
+				w.log.Warn("restore fetch error", "topic", pw.topic, "partition", pw.partition, "err", err)
+			}
+		})
 		fetches.EachRecord(func(r *kgo.Record) {
 			if done || rerr != nil || r.Offset < cp.Offset {
 				return

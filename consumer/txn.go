@@ -46,6 +46,9 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 		}
 		w.logFetchErrors(fetches)
 		fetches.EachPartition(w.observeHighWatermark)
+		if fetches = w.skipRecords(fetches); w.fatal.Load() {
+			return nil // fail has stopped polling
+		}
 		if fetches.NumRecords() > 0 {
 			if err := w.transact(ctx, fetches); err != nil {
 				if errors.Is(err, errPartitionFailed) {
@@ -71,16 +74,22 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	}
 	var (
 		mu      sync.Mutex
-		prodErr error
+		prodErr error // the first produce error
+		nFailed int   // records that failed
 		touched []*partition
 		failed  error
 	)
-	produce := func(_, out *kgo.Record) {
+	produce := func(in, out *kgo.Record) {
 		w.sess.Produce(ctx, out, func(_ *kgo.Record, err error) {
+			w.countDeadLetter(out, err)
 			if err != nil {
 				w.m.produceErrors.Inc()
+				w.txnProduceFailed(in, out, err)
 				mu.Lock()
-				prodErr = errors.Join(prodErr, err)
+				if prodErr == nil {
+					prodErr = w.produceError(in, out, err)
+				}
+				nFailed++
 				mu.Unlock()
 			}
 		})
@@ -118,9 +127,10 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	try := kgo.TryCommit
 	mu.Lock()
 	if prodErr != nil {
-		w.log.Warn("producing in a transaction failed; aborting it, the input will be decided again", "err", prodErr)
+		w.log.Warn("producing in a transaction failed; aborting it, the input will be decided again", "err", prodErr, "failed_records", nFailed)
 		try = kgo.TryAbort
 	}
+	txnProdErr := prodErr
 	mu.Unlock()
 	if failed != nil {
 		try = kgo.TryAbort
@@ -146,9 +156,20 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 			pw.fail(err)
 		}
 	}
+	w.endTxnSkips(committed && endErr == nil)
+	if err := w.endTxnRejections(committed && endErr == nil, txnProdErr); err != nil && failed == nil {
+		// A refused record without a dead-letter topic, a missing topic,
+		// or produce errors that aborting does not cure: stop once
+		// instead of aborting in a loop.
+		w.fail(err)
+		failed = fmt.Errorf("%w: %v", errPartitionFailed, err)
+	}
 	if endErr != nil {
 		// franz-go: no error End returns is retryable; the transactional
 		// id may be fenced. The staged changes are dropped above; restart.
+		if failed != nil {
+			return failed
+		}
 		return fmt.Errorf("ending a transaction: %w", endErr)
 	}
 	return failed

@@ -53,6 +53,30 @@ type Options struct {
 	// into the filter produce nothing. It must differ from OutputTopic and
 	// from every input topic (default: none).
 	DuplicatesTopic string
+	// DeadLetterTopic, if set, receives each input record that cannot be
+	// forwarded (or sent to DuplicatesTopic) because of the record itself:
+	// larger than MaxRecordBytes of its target topic, rejected by the
+	// broker as invalid, or in a batch over MaxDecompressBytes. It carries
+	// the input record with the headers HeaderDeadLetterReason,
+	// HeaderSource, HeaderTarget and HeaderDetail appended, is produced
+	// like OutputTopic, and processing goes on. Empty: such a record stops
+	// the worker with a *RecordError naming it. It must differ from
+	// OutputTopic, DuplicatesTopic and every input topic (default: none).
+	DeadLetterTopic string
+	// MaxRecordBytes returns the max.message.bytes of a topic the worker
+	// produces to (OutputTopic, DuplicatesTopic, DeadLetterTopic), in
+	// bytes: a record whose batch of its own (recordBatchBytes, before
+	// compression) is larger is a dead letter instead of a produce error,
+	// and the producer's batches to the topic are bounded by it. It is
+	// called with "" too, for the client's default. Nil: 1,048,588 bytes
+	// (DefaultMaxRecordBytes) for every topic.
+	MaxRecordBytes func(topic string) int
+	// MaxDecompressBytes bounds what one input record batch may
+	// decompress to, in bytes (default 64 MiB). A larger batch is not
+	// decompressed; its records are skipped as one dead letter (without
+	// key or value) or, without DeadLetterTopic, the worker stops with a
+	// *RecordError naming the batch's offsets.
+	MaxDecompressBytes int
 	// Group is the consumer group id (default "kdedup").
 	Group string
 	// InstanceID, when set, makes the worker a static group member
@@ -159,6 +183,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxDirtyPagesPerRecord <= 0 {
 		o.MaxDirtyPagesPerRecord = 1
 	}
+	if o.MaxDecompressBytes == 0 {
+		o.MaxDecompressBytes = 64 << 20
+	}
 	if o.TransactionalID == "" {
 		host, _ := os.Hostname()
 		o.TransactionalID = fmt.Sprintf("kdedup-%s-%d-%08x", host, os.Getpid(), time.Now().UnixNano()&0xffffffff)
@@ -189,11 +216,15 @@ type Worker struct {
 	connected chan struct{}             // closed once cl and sess are set
 	ready     atomic.Bool
 	restoring atomic.Int64 // partitions replaying input into their filter
+	fatal     atomic.Bool  // fail was called: never ready again
 
 	// mu guards parts, closing, fatalErr, cancelPoll and connected.
 	mu      sync.Mutex
 	parts   map[topicPartition]*partition
 	closing bool
+
+	rejections   txnRejections    // exactly once: records refused by the broker
+	skippedInTxn []topicPartition // exactly once: batches skipped in the current transaction
 
 	fatalOnce  sync.Once
 	fatalErr   error
@@ -223,6 +254,9 @@ func New(opts Options) (*Worker, error) {
 	if d := opts.DuplicatesTopic; d != "" && (d == opts.OutputTopic || slices.Contains(opts.InputTopics, d)) {
 		errs = append(errs, fmt.Errorf("consumer: duplicates topic %q is also the output topic or an input topic", d))
 	}
+	if d := opts.DeadLetterTopic; d != "" && (d == opts.OutputTopic || d == opts.DuplicatesTopic || slices.Contains(opts.InputTopics, d)) {
+		errs = append(errs, fmt.Errorf("consumer: dead-letter topic %q is also the output, the duplicates or an input topic", d))
+	}
 	if opts.Open == nil || opts.Forwards == nil {
 		errs = append(errs, errors.New("consumer: Open and Forwards are required"))
 	}
@@ -235,6 +269,8 @@ func New(opts Options) (*Worker, error) {
 		parts: map[topicPartition]*partition{},
 		live:  newLiveness(),
 	}
+	w.rejections.known = map[recordTarget]rejection{}
+	w.rejections.isolated = map[recordTarget]bool{}
 	w.m = newMetrics(opts.Registerer, w)
 	return w, nil
 }
@@ -242,9 +278,9 @@ func New(opts Options) (*Worker, error) {
 // Ready reports whether the worker has joined its group, opened the state of
 // every partition assigned to it and finished replaying their input (a
 // rebuild or a catch-up is not ready, so that a rolling update waits for
-// it); false again once shutdown begins.
+// it); false again once shutdown begins or a fatal error stops it.
 func (w *Worker) Ready() bool {
-	if !w.ready.Load() || w.restoring.Load() != 0 {
+	if !w.ready.Load() || w.fatal.Load() || w.restoring.Load() != 0 {
 		return false
 	}
 	w.mu.Lock()
@@ -347,6 +383,8 @@ func (w *Worker) connect() error {
 		kgo.OnPartitionsLost(w.lost),
 		kgo.AdjustFetchOffsetsFn(w.adjustOffsets),
 		kgo.DefaultProduceTopic(w.opts.OutputTopic),
+		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 { return producerBatchMaxBytes(w.maxRecordBytes(topic)) }),
+		kgo.MaxDecompressBatchBytes(w.opts.MaxDecompressBytes),
 		kgo.WithLogger(kslog.New(w.log)),
 	}
 	if w.opts.InstanceID != "" {
@@ -397,6 +435,7 @@ func (w *Worker) pollLoop(ctx context.Context) {
 		}
 		w.logFetchErrors(fetches)
 		fetches.EachPartition(w.observeHighWatermark)
+		fetches = w.skipRecords(fetches)
 		fetches.EachPartition(w.dispatch)
 		w.cl.AllowRebalance()
 	}
@@ -447,6 +486,7 @@ func (w *Worker) partition(topic string, p int32) *partition {
 
 // fail records the first fatal error and stops polling.
 func (w *Worker) fail(err error) {
+	w.fatal.Store(true)
 	w.fatalOnce.Do(func() {
 		w.log.Error("stopping the worker", "err", err)
 		w.mu.Lock()
@@ -775,6 +815,7 @@ type metrics struct {
 	txnSeconds      prometheus.Histogram
 	sessionRestarts prometheus.Counter
 	partitionsLost  prometheus.Counter
+	deadLetters     *prometheus.CounterVec
 }
 
 // newMetrics registers the worker's metrics with reg (nil: none), among
@@ -801,7 +842,7 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 		partialRebuilds: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_partial_rebuilds_total",
 			Help: "Replays that could not start where they had to because the input was no longer retained."}),
 		produceErrors: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_produce_errors_total",
-			Help: "Records the output or duplicates topic did not acknowledge (at least once: each stops the worker without committing; exactly once: each aborts the transaction)."}),
+			Help: "Produce attempts the output, duplicates or dead-letter topic did not acknowledge (a record refused by the broker is produced again alone, then dead-lettered; other errors stop the worker at least once and abort the transaction exactly once)."}),
 		batches: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_write_batches_total", Help: "Write batches committed to Badger."}),
 		batchRecords: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_write_batch_records",
 			Help: "Input records (decided or replayed) covered by one committed write batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 11)}),
@@ -816,6 +857,13 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 			Help: "Partitions lost with their group session (expired during a broker outage, or fenced) instead of revoked by a rebalance."}),
 		sessionRestarts: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_session_restarts_total",
 			Help: "Kafka client sessions restarted after the transactional producer became unusable (fenced); exactly-once only."}),
+		deadLetters: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_dead_letter_records_total",
+			Help: "Records acknowledged by the dead-letter topic, by reason (too-large, invalid, decompress-too-large); exactly once, those of an aborted transaction are counted again when decided again."}, []string{"reason"}),
+	}
+	if w.opts.DeadLetterTopic != "" {
+		for _, r := range []string{ReasonTooLarge, ReasonInvalid, ReasonDecompressTooLarge} {
+			m.deadLetters.WithLabelValues(r)
+		}
 	}
 	if w.opts.Delivery == ExactlyOnce {
 		// Both outcomes from the start, so that an increase from 0 shows.

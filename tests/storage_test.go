@@ -46,25 +46,11 @@ func usedBytes(t *testing.T, mnt string) int64 {
 	return int64(st.Blocks-st.Bfree) * st.Bsize
 }
 
-// waitExit waits up to a minute for the process to exit and returns its
-// exit code.
-func (p *process) waitExit(t *testing.T) int {
-	t.Helper()
-	done := make(chan struct{})
-	go func() { _ = p.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(time.Minute):
-		t.Fatalf("worker did not exit within a minute:\n%s", p.logText(t))
-	}
-	return p.cmd.ProcessState.ExitCode()
-}
-
 // requireStoppedWith requires that the process exits with code and that
 // its log says every string of want.
 func (p *process) requireStoppedWith(t *testing.T, code int, want ...string) {
 	t.Helper()
-	if got := p.waitExit(t); got != code {
+	if got := p.waitExit(t, time.Minute); got != code {
 		t.Fatalf("worker exited with %d, want %d:\n%s", got, code, p.logText(t))
 	}
 	log := p.logText(t)

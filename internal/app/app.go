@@ -108,6 +108,10 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	if err := checkKafkaAccess(ctx, cfg, kafkaOpts); err != nil {
 		return err
 	}
+	recordLimits, err := checkTargetTopics(ctx, cfg, kafkaOpts, log)
+	if err != nil {
+		return err
+	}
 
 	db, err := store.Open(store.Options{
 		Dir:        cfg.DataDir,
@@ -132,23 +136,31 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	dm := dedup.NewMetrics(reg)
 	kp := clientMetrics(reg)
 	w, err := consumer.New(consumer.Options{
-		Brokers:           cfg.Brokers,
-		InputTopics:       cfg.InputTopics,
-		OutputTopic:       cfg.OutputTopic,
-		DuplicatesTopic:   cfg.DuplicatesTopic,
-		Group:             cfg.Group,
-		InstanceID:        cfg.InstanceID,
-		StartAtLatest:     cfg.StartOffset == "latest",
-		SessionTimeout:    cfg.SessionTimeout,
-		MetadataMaxAge:    cfg.MetadataMaxAge,
-		Delivery:          delivery(cfg),
-		TransactionalID:   cfg.TransactionalID,
-		RebuildEmpty:      cfg.Rebuild == "empty",
-		Window:            windowRebuild(cfg),
-		WindowGenerations: cfg.WindowGenerations,
-		FlushInterval:     cfg.FlushInterval,
-		FlushBytes:        int64(cfg.FlushBytes),
-		PageBytes:         int(cfg.PageBytes),
+		Brokers:         cfg.Brokers,
+		InputTopics:     cfg.InputTopics,
+		OutputTopic:     cfg.OutputTopic,
+		DuplicatesTopic: cfg.DuplicatesTopic,
+		DeadLetterTopic: cfg.DeadLetterTopic,
+		MaxRecordBytes: func(topic string) int {
+			if n, ok := recordLimits[topic]; ok {
+				return n
+			}
+			return consumer.DefaultMaxRecordBytes
+		},
+		MaxDecompressBytes: int(cfg.MaxDecompressBytes),
+		Group:              cfg.Group,
+		InstanceID:         cfg.InstanceID,
+		StartAtLatest:      cfg.StartOffset == "latest",
+		SessionTimeout:     cfg.SessionTimeout,
+		MetadataMaxAge:     cfg.MetadataMaxAge,
+		Delivery:           delivery(cfg),
+		TransactionalID:    cfg.TransactionalID,
+		RebuildEmpty:       cfg.Rebuild == "empty",
+		Window:             windowRebuild(cfg),
+		WindowGenerations:  cfg.WindowGenerations,
+		FlushInterval:      cfg.FlushInterval,
+		FlushBytes:         int64(cfg.FlushBytes),
+		PageBytes:          int(cfg.PageBytes),
 		Open: func(topic string, partition int32) (*dedup.Partition, error) {
 			return dedup.Open(db, topic, partition, dopts, dm)
 		},
@@ -180,7 +192,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	log.Info("starting", "http", ln.Addr().String(), "brokers", strings.Join(cfg.Brokers, ","),
-		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "duplicates_topic", cfg.DuplicatesTopic, "group", cfg.Group, "delivery", cfg.Delivery, "data_dir", cfg.DataDir)
+		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "duplicates_topic", cfg.DuplicatesTopic, "dead_letter_topic", cfg.DeadLetterTopic, "group", cfg.Group, "delivery", cfg.Delivery, "data_dir", cfg.DataDir)
 	if started != nil {
 		started(ln.Addr().String())
 	}

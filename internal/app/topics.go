@@ -1,0 +1,114 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/consumer"
+)
+
+// ErrTopic is returned (wrapped) by Run when a topic the worker produces to
+// (KDEDUP_OUTPUT_TOPIC, KDEDUP_DUPLICATES_TOPIC, KDEDUP_DEAD_LETTER_TOPIC)
+// does not exist or may not be written. The error names the variable. It is
+// a runtime failure (exit 1), not a configuration error: the name may be
+// right and the topic not created yet.
+var ErrTopic = errors.New("topic missing or not writable")
+
+// targetTopic is a topic the worker produces to and the variable naming it.
+type targetTopic struct{ variable, topic string }
+
+func targetTopics(cfg config.Config) []targetTopic {
+	ts := []targetTopic{{config.Prefix + "OUTPUT_TOPIC", cfg.OutputTopic}}
+	if cfg.DuplicatesTopic != "" {
+		ts = append(ts, targetTopic{config.Prefix + "DUPLICATES_TOPIC", cfg.DuplicatesTopic})
+	}
+	if cfg.DeadLetterTopic != "" {
+		ts = append(ts, targetTopic{config.Prefix + "DEAD_LETTER_TOPIC", cfg.DeadLetterTopic})
+	}
+	return ts
+}
+
+// checkTargetTopics checks that every topic the worker produces to exists
+// and, when the brokers report authorized operations (KIP-430), that the
+// worker may write it; it returns an error wrapping ErrTopic naming the
+// variable otherwise. It returns each topic's largest record batch in
+// bytes (consumer.Options.MaxRecordBytes): KDEDUP_MAX_RECORD_BYTES when
+// set, else the topic's max.message.bytes as DescribeConfigs reports it,
+// else (not reported, or DescribeConfigs not authorized)
+// consumer.DefaultMaxRecordBytes.
+func checkTargetTopics(ctx context.Context, cfg config.Config, opts []kgo.Opt, log *slog.Logger) (map[string]int, error) {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+
+	targets := targetTopics(cfg)
+	names := make([]string, len(targets))
+	for i, t := range targets {
+		names[i] = t.topic
+	}
+	md, err := adm.Metadata(kadm.WithAuthorizedOps(ctx), names...)
+	if err != nil {
+		return nil, fmt.Errorf("checking the topics the worker produces to: %w", err)
+	}
+	var errs []error
+	for _, t := range targets {
+		d, ok := md.Topics[t.topic]
+		switch {
+		case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
+			errs = append(errs, fmt.Errorf("%w: %s=%s: the topic does not exist (kdedup does not create topics)", ErrTopic, t.variable, t.topic))
+		case errors.Is(d.Err, kerr.TopicAuthorizationFailed):
+			errs = append(errs, fmt.Errorf("%w: %s=%s: not authorized to describe the topic (the worker needs Describe and Write on it)", ErrTopic, t.variable, t.topic))
+		case d.Err != nil:
+			errs = append(errs, fmt.Errorf("%w: %s=%s: %v", ErrTopic, t.variable, t.topic, d.Err))
+		case len(d.AuthorizedOperations) > 0 && !slices.Contains(d.AuthorizedOperations, kadm.OpWrite) && !slices.Contains(d.AuthorizedOperations, kadm.OpAll):
+			errs = append(errs, fmt.Errorf("%w: %s=%s: not authorized to write to the topic", ErrTopic, t.variable, t.topic))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	limits := map[string]int{}
+	if cfg.MaxRecordBytes != 0 {
+		for _, n := range names {
+			limits[n] = int(cfg.MaxRecordBytes)
+		}
+		return limits, nil
+	}
+	rcs, err := adm.DescribeTopicConfigs(ctx, names...)
+	if err != nil {
+		log.Warn("cannot read max.message.bytes of the topics the worker produces to; assuming Kafka's default (set KDEDUP_MAX_RECORD_BYTES to choose)",
+			"default", consumer.DefaultMaxRecordBytes, "err", err)
+	}
+	for _, n := range names {
+		limits[n] = consumer.DefaultMaxRecordBytes
+		rc, err := rcs.On(n, nil)
+		if err != nil || rc.Err != nil {
+			continue
+		}
+		for _, c := range rc.Configs {
+			if c.Key != "max.message.bytes" || c.Value == nil {
+				continue
+			}
+			if v, err := strconv.Atoi(*c.Value); err == nil && v > 0 {
+				limits[n] = v
+			}
+		}
+	}
+	return limits, nil
+}

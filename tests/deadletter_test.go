@@ -1,0 +1,624 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/internal/app"
+	"github.com/kdedup/kdedup/internal/scenario"
+)
+
+// kafkaMaxMessageBytes is Kafka's default max.message.bytes, which kfake
+// applies to topics that do not set their own.
+const kafkaMaxMessageBytes = 1_048_588
+
+// setTopicConfig sets a topic config such as max.message.bytes.
+func (b *broker) setTopicConfig(t *testing.T, topic, key, value string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := b.admin(t).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: key, Value: &value}}, topic)
+	if err == nil {
+		for _, r := range resp {
+			err = errors.Join(err, r.Err)
+		}
+	}
+	if err != nil {
+		t.Fatalf("setting %s=%s on %s: %v", key, value, topic, err)
+	}
+}
+
+// withDeadLetterTopic creates a dead-letter topic (max.message.bytes
+// maxBytes, 0 for the default) and has the workers use it.
+func (p *pipeline) withDeadLetterTopic(t *testing.T, maxBytes int) string {
+	t.Helper()
+	dead := p.b.name("dead")
+	p.b.createTopics(t, 2, dead)
+	if maxBytes > 0 {
+		p.b.setTopicConfig(t, dead, "max.message.bytes", strconv.Itoa(maxBytes))
+	}
+	if p.extraEnv == nil {
+		p.extraEnv = map[string]string{}
+	}
+	p.extraEnv["KDEDUP_DEAD_LETTER_TOPIC"] = dead
+	return dead
+}
+
+// bigClient produces records up to 8 MiB, uncompressed unless opts say
+// otherwise.
+func (b *broker) bigClient(t *testing.T, opts ...kgo.Opt) *kgo.Client {
+	return b.client(t, append([]kgo.Opt{kgo.ProducerBatchMaxBytes(8 << 20), kgo.BrokerMaxWriteBytes(64 << 20), kgo.ProducerBatchCompression(kgo.NoCompression())}, opts...)...)
+}
+
+// singleBatchBytes is the size of a record batch holding r alone, as a
+// broker compares it with max.message.bytes (Kafka's record batch v2
+// format: a 61-byte header, then the record's varint length and body).
+func singleBatchBytes(r *kgo.Record) int {
+	vl := func(n int) int { return len(appendVarint(nil, int64(n))) }
+	l := 3 + vl(len(r.Key)) + len(r.Key) + vl(len(r.Value)) + len(r.Value) + vl(len(r.Headers))
+	for _, h := range r.Headers {
+		l += vl(len(h.Key)) + len(h.Key) + vl(len(h.Value)) + len(h.Value)
+	}
+	return 61 + vl(l) + l
+}
+
+func appendVarint(b []byte, v int64) []byte {
+	u := uint64(v<<1) ^ uint64(v>>63)
+	for u >= 0x80 {
+		b = append(b, byte(u)|0x80)
+		u >>= 7
+	}
+	return append(b, byte(u))
+}
+
+// sized is a record with key k and a value that makes its batch of its own
+// exactly n bytes.
+func sized(k string, n int, ts time.Time) *kgo.Record {
+	r := &kgo.Record{Key: []byte(k), Timestamp: ts}
+	r.Value = bytes.Repeat([]byte{'v'}, n-61-10-len(k))
+	for singleBatchBytes(r) > n {
+		r.Value = r.Value[1:]
+	}
+	for singleBatchBytes(r) < n {
+		r.Value = append(r.Value, 'v')
+	}
+	return r
+}
+
+// metricWith sums the samples of a counter whose label has value.
+func (w *worker) metricWith(t *testing.T, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := w.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					total += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return total
+}
+
+func header(r *kgo.Record, key string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+func source(r *kgo.Record) string { return fmt.Sprintf("%s/%d/%d", r.Topic, r.Partition, r.Offset) }
+
+// requireDeadLetter checks that dl is the dead letter of input record in:
+// its key, value and timestamp, then the reason, source and target headers.
+func requireDeadLetter(t *testing.T, dl, in *kgo.Record, reason, target string) {
+	t.Helper()
+	if !bytes.Equal(dl.Key, in.Key) || !bytes.Equal(dl.Value, in.Value) || !dl.Timestamp.Equal(in.Timestamp) {
+		t.Errorf("dead letter %q (%d value bytes, %v): not the input record %q (%d value bytes, %v)", dl.Key, len(dl.Value), dl.Timestamp, in.Key, len(in.Value), in.Timestamp)
+	}
+	for k, want := range map[string]string{"kdedup-dead-letter-reason": reason, "kdedup-source": source(in), "kdedup-target": target} {
+		if got, _ := header(dl, k); got != want {
+			t.Errorf("dead letter %q: header %s = %q, want %q", dl.Key, k, got, want)
+		}
+	}
+}
+
+// TestDeadLetterTopic (both modes): a 1,010,000-byte record is forwarded
+// (franz-go's default batch limit, 1,000,012 bytes, refused it), and so is
+// one whose batch is exactly the output topic's max.message.bytes; a record
+// larger than that goes to KDEDUP_DEAD_LETTER_TOPIC instead, and so does
+// the duplicate of the exact-fit record, which the two headers of the
+// duplicates topic push over its limit. Output and duplicates topic are
+// exactly the model's without those two; the dead-letter topic holds
+// exactly them, with reason, source and target; exactly once, no
+// transaction aborts.
+func TestDeadLetterTopic(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 3)
+		p.delivery = delivery
+		p.withDuplicatesTopic(t, 2)
+		p.b.setTopicConfig(t, p.in, "max.message.bytes", strconv.Itoa(4<<20))
+		dead := p.withDeadLetterTopic(t, 4<<20)
+
+		recs := scenario.Generate(scenario.Options{Keys: 500, Seed: 11})
+		ts := scenario.Base.Add(time.Hour)
+		fits := &kgo.Record{Key: []byte("fits-1010000"), Value: bytes.Repeat([]byte{'f'}, 1_010_000), Timestamp: ts}
+		tooLarge := sized("too-large", kafkaMaxMessageBytes+1, ts)
+		exact := sized("exact-fit", kafkaMaxMessageBytes, ts)
+		again := &kgo.Record{Key: exact.Key, Value: exact.Value, Timestamp: ts}
+		recs = slices.Insert(recs, 400, again)
+		recs = slices.Insert(recs, 300, exact)
+		recs = slices.Insert(recs, 200, tooLarge)
+		recs = slices.Insert(recs, 100, fits)
+		if err := scenario.Produce(context.Background(), p.b.bigClient(t), p.in, recs); err != nil {
+			t.Fatal(err)
+		}
+
+		w := p.startWorker(t, t.TempDir())
+		want, got := p.output(t, recs)
+		wantDropped, gotDropped, read := p.dropped(t, recs)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		deadRead, err := scenario.ReadAll(ctx, p.b.addrs, dead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.running(t)
+		aborted := w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted")
+		counted := w.metricWith(t, "kdedup_dead_letter_records_total", "reason", "too-large")
+		w.stop(t)
+
+		if len(got.PerKey["fits-1010000"]) != 1 || len(got.PerKey["exact-fit"]) != 1 {
+			t.Errorf("the 1,010,000-byte record and the exact fit: forwarded %d and %d times, want once each", len(got.PerKey["fits-1010000"]), len(got.PerKey["exact-fit"]))
+		}
+		delete(want.PerKey, "too-large")
+		requireExact(t, want, got)
+		delete(wantDropped.PerKey, "exact-fit")
+		requireDropped(t, recs, wantDropped, gotDropped, read, "duplicate")
+
+		if len(deadRead) != 2 {
+			t.Fatalf("dead-letter topic holds %d records, want 2 (too-large, then the duplicate of exact-fit)", len(deadRead))
+		}
+		byKey := map[string]*kgo.Record{}
+		for _, r := range deadRead {
+			byKey[string(r.Key)] = r
+		}
+		requireDeadLetter(t, byKey["too-large"], tooLarge, "too-large", p.out)
+		requireDeadLetter(t, byKey["exact-fit"], again, "too-large", p.dups)
+		if counted != 2 {
+			t.Errorf("kdedup_dead_letter_records_total{reason=too-large} = %v, want 2", counted)
+		}
+		if aborted != 0 {
+			t.Errorf("%v transactions aborted: the size check must route records before producing", aborted)
+		}
+	})
+}
+
+// TestDeadLetterTruncated: a record too large for the output and for the
+// dead-letter topic reaches the latter without its value, saying so in
+// kdedup-truncated, and the rest of the stream is exactly the model's.
+func TestDeadLetterTruncated(t *testing.T) {
+	p := newPipeline(t, 2)
+	p.b.setTopicConfig(t, p.in, "max.message.bytes", strconv.Itoa(4<<20))
+	dead := p.withDeadLetterTopic(t, 0)
+	recs := scenario.Generate(scenario.Options{Keys: 200, Seed: 12})
+	huge := sized("huge", 2<<20, scenario.Base.Add(time.Hour))
+	recs = slices.Insert(recs, 50, huge)
+	if err := scenario.Produce(context.Background(), p.b.bigClient(t), p.in, recs); err != nil {
+		t.Fatal(err)
+	}
+	w := p.startWorker(t, t.TempDir())
+	want, got := p.output(t, recs)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	deadRead, err := scenario.ReadAll(ctx, p.b.addrs, dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.stop(t)
+	delete(want.PerKey, "huge")
+	requireExact(t, want, got)
+	if len(deadRead) != 1 {
+		t.Fatalf("dead-letter topic holds %d records, want 1", len(deadRead))
+	}
+	dl := deadRead[0]
+	if tr, _ := header(dl, "kdedup-truncated"); tr != "value" || dl.Value != nil || string(dl.Key) != "huge" {
+		t.Errorf("dead letter: key %q, %d value bytes, kdedup-truncated %q; want key huge, no value, truncated value", dl.Key, len(dl.Value), tr)
+	}
+	if s, _ := header(dl, "kdedup-source"); s != source(huge) {
+		t.Errorf("kdedup-source %q, want %q", s, source(huge))
+	}
+}
+
+// waitExit waits for the worker process to exit and returns its exit code.
+func (p *process) waitExit(t *testing.T, within time.Duration) int {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(within):
+		_ = p.cmd.Process.Kill()
+		<-done
+		t.Fatalf("worker still running after %v:\n%s", within, p.logText(t))
+		return -1
+	}
+}
+
+// TestNoDeadLetterTopic (both modes): without KDEDUP_DEAD_LETTER_TOPIC a
+// record larger than the output topic allows stops the worker with exit
+// code 1 and one error naming that record's topic, partition and offset
+// (not a neighbour in its batch); exactly once it aborts at most once,
+// never in a loop, and commits nothing of the record.
+func TestNoDeadLetterTopic(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 2)
+		p.delivery = delivery
+		p.b.setTopicConfig(t, p.in, "max.message.bytes", strconv.Itoa(4<<20))
+		recs := scenario.Generate(scenario.Options{Keys: 300, Seed: 13})
+		tooLarge := sized("too-large", kafkaMaxMessageBytes+1, scenario.Base.Add(time.Hour))
+		recs = slices.Insert(recs, 150, tooLarge)
+		if err := scenario.Produce(context.Background(), p.b.bigClient(t), p.in, recs); err != nil {
+			t.Fatal(err)
+		}
+		proc := p.startProcess(t, t.TempDir())
+		if code := proc.waitExit(t, 60*time.Second); code != 1 {
+			t.Fatalf("exit code %d, want 1:\n%s", code, proc.logText(t))
+		}
+		log := proc.logText(t)
+		name := fmt.Sprintf("record %s/%d offset %d cannot be forwarded to %s: too-large", p.in, tooLarge.Partition, tooLarge.Offset, p.out)
+		if !strings.Contains(log, name) {
+			t.Fatalf("the log does not name the record (%q):\n%s", name, log)
+		}
+		if n := strings.Count(log, "aborting it"); n > 1 {
+			t.Errorf("%d aborted transactions, want at most 1", n)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		committed, err := p.b.admin(t).FetchOffsets(ctx, p.group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o, ok := committed.Lookup(p.in, tooLarge.Partition); ok && o.At > tooLarge.Offset {
+			t.Errorf("group offset %d of partition %d passes the record at %d that was not forwarded", o.At, tooLarge.Partition, tooLarge.Offset)
+		}
+	})
+}
+
+// TestRefusedByBroker (both modes): the output topic's max.message.bytes
+// is lowered while the worker runs, so the size check (made with the value
+// read at start-up) passes and the broker refuses the batch holding a
+// large record and its small neighbours. The worker tells the culprit from
+// its neighbours by producing them alone, sends it to the dead-letter
+// topic, forwards the neighbours, and goes on; exactly once with at most
+// three aborted transactions (one to learn the refused batch, two with the
+// culprit alone, which tells it from a transient fault), never in a loop.
+func TestRefusedByBroker(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 1)
+		p.delivery = delivery
+		dead := p.withDeadLetterTopic(t, 0)
+		first := scenario.Generate(scenario.Options{Keys: 100, Seed: 14})
+		cl := p.b.client(t)
+		if err := scenario.Produce(context.Background(), cl, p.in, first); err != nil {
+			t.Fatal(err)
+		}
+		w := p.startWorker(t, t.TempDir())
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
+			t.Fatal(err)
+		}
+		p.b.setTopicConfig(t, p.out, "max.message.bytes", "4000")
+		ts := scenario.Base.Add(time.Hour)
+		var second []*kgo.Record
+		for i := range 6 {
+			second = append(second, &kgo.Record{Key: fmt.Appendf(nil, "small-%d", i), Value: []byte("v"), Timestamp: ts})
+		}
+		large := sized("large", 6000, ts)
+		rnd := rand.New(rand.NewPCG(1, 2))
+		for i := range large.Value { // incompressible: the worker's producer compresses
+			large.Value[i] = byte(rnd.Uint32())
+		}
+		second = slices.Insert(second, 3, large)
+		// One produce request, so that the worker polls them together.
+		if err := scenario.Produce(context.Background(), cl, p.in, second); err != nil {
+			t.Fatal(err)
+		}
+		recs := append(slices.Clone(first), second...)
+		want, got := p.output(t, recs)
+		deadRead, err := scenario.ReadAll(ctx, p.b.addrs, dead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.running(t)
+		aborted := w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted")
+		w.stop(t)
+		delete(want.PerKey, "large")
+		if delivery == "exactly-once" {
+			requireExact(t, want, got)
+		} else if extra := requireNothingMissing(t, want, got); extra > 0 {
+			t.Logf("%d records forwarded again (at least once, a retry after the refusal)", extra)
+		}
+		if len(deadRead) != 1 {
+			t.Fatalf("dead-letter topic holds %d records, want 1", len(deadRead))
+		}
+		requireDeadLetter(t, deadRead[0], large, "too-large", p.out)
+		if aborted > 3 {
+			t.Errorf("%v transactions aborted, want at most 3", aborted)
+		}
+	})
+}
+
+// TestTopicMissingAtStartup: a missing output, duplicates or dead-letter
+// topic stops start-up at once with an error naming the variable and the
+// topic, as a runtime failure (exit code 1), not a configuration error.
+func TestTopicMissingAtStartup(t *testing.T) {
+	for _, variable := range []string{"KDEDUP_OUTPUT_TOPIC", "KDEDUP_DUPLICATES_TOPIC", "KDEDUP_DEAD_LETTER_TOPIC"} {
+		t.Run(variable, func(t *testing.T) {
+			p := newPipeline(t, 1)
+			p.dups = p.b.name("dups")
+			p.b.createTopics(t, 1, p.dups)
+			p.withDeadLetterTopic(t, 0)
+			env := p.env(t.TempDir())
+			env[variable] = p.b.name("missing")
+			cfg, err := config.LoadFrom(env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			err = app.Run(ctx, cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil)
+			want := variable + "=" + p.b.name("missing") + ": the topic does not exist"
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("Run = %v, want an error containing %q", err, want)
+			}
+			if errors.Is(err, app.ErrConfig) {
+				t.Errorf("a missing topic is reported as a configuration error (exit 2): %v", err)
+			}
+		})
+	}
+}
+
+// TestOutputTopicDeleted (both modes): the output topic deleted while the
+// worker runs stops it with one error naming KDEDUP_OUTPUT_TOPIC, never an
+// abort loop, and it is not ready meanwhile.
+func TestOutputTopicDeleted(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 2)
+		p.delivery = delivery
+		recs := scenario.Generate(scenario.Options{Keys: 200, Seed: 15})
+		cl := p.b.client(t)
+		if err := scenario.Produce(context.Background(), cl, p.in, recs[:100]); err != nil {
+			t.Fatal(err)
+		}
+		w := p.startWorker(t, t.TempDir())
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.b.admin(t).DeleteTopics(ctx, p.out); err != nil {
+			t.Fatal(err)
+		}
+		if err := scenario.Produce(context.Background(), cl, p.in, recs[100:]); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-w.done:
+			w.done <- nil
+			want := "KDEDUP_OUTPUT_TOPIC=" + p.out
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("worker stopped with %v, want an error naming %s", err, want)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatalf("worker still running 60s after its output topic was deleted (ready %v, aborted transactions %v)",
+				w.metric(t, "kdedup_worker_ready"), w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted"))
+		}
+		if aborted := w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted"); aborted > 1 {
+			t.Errorf("%v transactions aborted, want at most 1", aborted)
+		}
+		if r := w.metric(t, "kdedup_worker_ready"); r != 0 {
+			t.Errorf("kdedup_worker_ready = %v after the fatal error, want 0", r)
+		}
+	})
+}
+
+// TestCompressionBomb (both modes): a zstd batch of 6 MiB of zeros (a few
+// hundred bytes on the wire) with KDEDUP_MAX_DECOMPRESS_BYTES=1MiB is not
+// decompressed: one dead letter without value names its offsets, its
+// records are skipped, and the rest of the stream is exactly the model's.
+// Without a dead-letter topic the worker stops naming the batch's offset.
+func TestCompressionBomb(t *testing.T) {
+	bomb := func(t *testing.T, p *pipeline) (first int64, recs []*kgo.Record) {
+		recs = scenario.Generate(scenario.Options{Keys: 200, Seed: 16})
+		cl := p.b.client(t)
+		if err := scenario.Produce(context.Background(), cl, p.in, recs[:100]); err != nil {
+			t.Fatal(err)
+		}
+		zcl := p.b.bigClient(t, kgo.ProducerBatchCompression(kgo.ZstdCompression()), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+		var bombs []*kgo.Record
+		for i := range 3 {
+			bombs = append(bombs, &kgo.Record{Topic: p.in, Partition: 0, Key: fmt.Appendf(nil, "bomb-%d", i), Value: make([]byte, 2<<20)})
+		}
+		res := zcl.ProduceSync(context.Background(), bombs...)
+		if err := res.FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := scenario.Produce(context.Background(), cl, p.in, recs[100:]); err != nil {
+			t.Fatal(err)
+		}
+		return bombs[0].Offset, recs
+	}
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 2)
+		p.delivery = delivery
+		dead := p.withDeadLetterTopic(t, 0)
+		p.extraEnv["KDEDUP_MAX_DECOMPRESS_BYTES"] = "1MiB"
+		first, recs := bomb(t, p)
+		w := p.startWorker(t, t.TempDir())
+		want, got := p.output(t, recs)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		deadRead, err := scenario.ReadAll(ctx, p.b.addrs, dead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.running(t)
+		w.stop(t)
+		requireExact(t, want, got)
+		if len(deadRead) != 1 {
+			t.Fatalf("dead-letter topic holds %d records, want 1", len(deadRead))
+		}
+		dl := deadRead[0]
+		wantHeaders := map[string]string{
+			"kdedup-dead-letter-reason": "decompress-too-large",
+			"kdedup-source":             fmt.Sprintf("%s/0/%d", p.in, first),
+			"kdedup-source-end":         strconv.FormatInt(first+3, 10),
+		}
+		for k, v := range wantHeaders {
+			if got, _ := header(dl, k); got != v {
+				t.Errorf("dead letter header %s = %q, want %q", k, got, v)
+			}
+		}
+		if dl.Value != nil {
+			t.Errorf("dead letter of a skipped batch carries %d value bytes, want none", len(dl.Value))
+		}
+	})
+	t.Run("no dead-letter topic", func(t *testing.T) {
+		p := newPipeline(t, 2)
+		p.extraEnv = map[string]string{"KDEDUP_MAX_DECOMPRESS_BYTES": "1MiB"}
+		first, _ := bomb(t, p)
+		w := p.startWorker(t, t.TempDir())
+		select {
+		case err := <-w.done:
+			w.done <- nil
+			want := fmt.Sprintf("record batch %s/0 at offset %d cannot be forwarded: decompress-too-large", p.in, first)
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("worker stopped with %v, want an error containing %q", err, want)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("worker still running 60s after a batch over KDEDUP_MAX_DECOMPRESS_BYTES")
+		}
+	})
+}
+
+// TestTopicNotWritable: with ACLs, a worker whose principal may describe
+// the output topic but not write it stops at start-up with an error naming
+// KDEDUP_OUTPUT_TOPIC and the missing permission, before joining the group.
+func TestTopicNotWritable(t *testing.T) {
+	in, out := "acl-in", "acl-out"
+	allow := func(res kmsg.ACLResourceType, name string, op kmsg.ACLOperation) kfake.ACL {
+		return kfake.ACL{Resource: res, Name: name, Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: op, Allow: true}
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
+		kfake.Superuser("PLAIN", "admin", "admin-pw"),
+		kfake.User("PLAIN", "worker", "worker-pw",
+			allow(kmsg.ACLResourceTypeTopic, in, kmsg.ACLOperationRead),
+			allow(kmsg.ACLResourceTypeTopic, in, kmsg.ACLOperationDescribe),
+			allow(kmsg.ACLResourceTypeTopic, out, kmsg.ACLOperationDescribe),
+			allow(kmsg.ACLResourceTypeGroup, "acl-group", kmsg.ACLOperationRead)),
+		kfake.SeedTopics(1, in, out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cfg, err := config.LoadFrom(map[string]string{
+		"KDEDUP_BROKERS": strings.Join(c.ListenAddrs(), ","), "KDEDUP_INPUT_TOPICS": in, "KDEDUP_OUTPUT_TOPIC": out, "KDEDUP_GROUP": "acl-group",
+		"KDEDUP_DATA_DIR": t.TempDir(), "KDEDUP_HTTP_ADDR": "127.0.0.1:0",
+		"KDEDUP_SASL_MECHANISM": "PLAIN", "KDEDUP_SASL_USERNAME": "worker", "KDEDUP_SASL_PASSWORD": "worker-pw",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = app.Run(ctx, cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil)
+	want := "KDEDUP_OUTPUT_TOPIC=" + out + ": not authorized to write to the topic"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Run = %v, want an error containing %q", err, want)
+	}
+	if errors.Is(err, app.ErrConfig) {
+		t.Errorf("a topic not writable is reported as a configuration error (exit 2): %v", err)
+	}
+}
+
+// TestMaxRecordBytesFromBroker: the output topic's own max.message.bytes
+// (2 MiB, above Kafka's default) is read from the broker at start-up, so a
+// 1.5 MiB record is forwarded, not dead-lettered; KDEDUP_MAX_RECORD_BYTES
+// overrides it.
+func TestMaxRecordBytesFromBroker(t *testing.T) {
+	for name, override := range map[string]string{"topic": "", "override": "1MiB"} {
+		t.Run(name, func(t *testing.T) {
+			p := newPipeline(t, 1)
+			p.b.setTopicConfig(t, p.in, "max.message.bytes", strconv.Itoa(4<<20))
+			p.b.setTopicConfig(t, p.out, "max.message.bytes", strconv.Itoa(2<<20))
+			dead := p.withDeadLetterTopic(t, 4<<20)
+			if override != "" {
+				p.extraEnv["KDEDUP_MAX_RECORD_BYTES"] = override
+			}
+			recs := scenario.Generate(scenario.Options{Keys: 50, Seed: 17})
+			big := sized("big", 1536<<10, scenario.Base.Add(time.Hour))
+			recs = slices.Insert(recs, 20, big)
+			if err := scenario.Produce(context.Background(), p.b.bigClient(t), p.in, recs); err != nil {
+				t.Fatal(err)
+			}
+			w := p.startWorker(t, t.TempDir())
+			want, got := p.output(t, recs)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			deadRead, err := scenario.ReadAll(ctx, p.b.addrs, dead)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.stop(t)
+			if override == "" {
+				requireExact(t, want, got)
+				if len(deadRead) != 0 {
+					t.Errorf("%d dead letters, want none: the topic's max.message.bytes allows the record", len(deadRead))
+				}
+				return
+			}
+			delete(want.PerKey, "big")
+			requireExact(t, want, got)
+			if len(deadRead) != 1 || string(deadRead[0].Key) != "big" {
+				t.Fatalf("dead letters %d, want the record above KDEDUP_MAX_RECORD_BYTES", len(deadRead))
+			}
+		})
+	}
+}
