@@ -56,6 +56,16 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 				}
 				return err
 			}
+		} else if w.revokedSinceEnd.Swap(false) {
+			// Nothing polled, no transaction: end the empty one, or the
+			// session would skip the callbacks of the next revocation
+			// and the revoked partitions would stay open here.
+			endCtx, cancel := context.WithTimeout(ctx, max(30*time.Second, 2*w.opts.SessionTimeout))
+			_, err := w.sess.End(endCtx, kgo.TryAbort)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				return fmt.Errorf("ending an empty transaction after a revocation: %w", err)
+			}
 		}
 		w.flushDue()
 		w.sess.AllowRebalance()
@@ -69,6 +79,7 @@ var errPartitionFailed = errors.New("consumer: partition failed")
 
 // transact runs one transaction over the polled records.
 func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
+	w.revokedSinceEnd.Store(false) // End below clears the session's own mark
 	if err := w.sess.Begin(); err != nil {
 		return fmt.Errorf("beginning a transaction: %w", err)
 	}

@@ -217,6 +217,11 @@ type Worker struct {
 	ready     atomic.Bool
 	restoring atomic.Int64 // partitions replaying input into their filter
 	fatal     atomic.Bool  // fail was called: never ready again
+	// revokedSinceEnd (exactly once): a revocation or a loss reached the
+	// callbacks since the session's last End. GroupTransactSession calls
+	// them only once until End, so an idle session must End to hear of
+	// the next one (transactLoop).
+	revokedSinceEnd atomic.Bool
 
 	// mu guards parts, closing, fatalErr, cancelPoll and connected.
 	mu      sync.Mutex
@@ -752,6 +757,9 @@ func (w *Worker) windowStart(ctx context.Context, adm *kadm.Client, topic string
 // revoked finishes and commits the revoked partitions' write batches, then
 // commits their group offsets before the partitions move.
 func (w *Worker) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	if w.opts.Delivery == ExactlyOnce {
+		w.revokedSinceEnd.Store(true)
+	}
 	if n := w.stopPartitions(revoked, false); n == 0 || w.opts.Delivery == ExactlyOnce {
 		return
 	}
@@ -769,6 +777,9 @@ func (w *Worker) revoked(ctx context.Context, cl *kgo.Client, revoked map[string
 // forwarding those records again; exactly once the uncommitted transaction
 // state is dropped and the gap replayed.
 func (w *Worker) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	if w.opts.Delivery == ExactlyOnce {
+		w.revokedSinceEnd.Store(true)
+	}
 	n := w.stopPartitions(lost, true)
 	w.m.partitionsLost.Add(float64(n))
 }

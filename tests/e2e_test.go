@@ -216,6 +216,9 @@ func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 	if err := pr.cmd.Wait(); err != nil {
 		t.Fatalf("after SIGTERM: %v", err)
 	}
+	if log := pr.logText(t); !strings.Contains(log, `msg="received signal, shutting down" signal=terminated`) {
+		t.Errorf("no log line for the signal:\n%s", log)
+	}
 	want, got := p.output(t, recs)
 	requireExact(t, want, got)
 }
