@@ -181,6 +181,11 @@ func (c *Cluster) properties(n int, nd *Node, controllerPort int, voters string)
 		"transaction.state.log.num.partitions":             "10",
 		"share.coordinator.state.topic.replication.factor": rf,
 		"share.coordinator.state.topic.min.isr":            minISR,
+		// Records are kept whatever their timestamps: tests produce records
+		// stamped at fixed dates long past, which time-based retention
+		// (default 7 days, first checked 30s after start-up) would delete
+		// while the test runs.
+		"log.retention.ms": "-1",
 		// A rebalance starts as soon as a member joins; tests use session
 		// timeouts of a few seconds.
 		"group.initial.rebalance.delay.ms": "0",

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -74,6 +75,19 @@ func TestBroker(t *testing.T) {
 	}
 	if got := topics.Names(); len(got) != 1 || got[0] != "t" {
 		t.Fatalf("topics %v, want only t", got)
+	}
+	// The suites stamp records at fixed past dates: time-based retention
+	// would delete them mid-test.
+	cfgs, err := adm.DescribeTopicConfigs(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := cfgs.On("t", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(rc.Configs, func(c kadm.Config) bool { return c.Key == "retention.ms" && c.MaybeValue() == "-1" }) {
+		t.Fatalf("topic t's configs %v: want retention.ms=-1", rc.Configs)
 	}
 
 	pr := client(t, c, kgo.TransactionalID("kafkatest"), kgo.TransactionTimeout(2250*time.Millisecond), kgo.DefaultProduceTopic("t"))
