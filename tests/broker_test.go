@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -161,4 +163,54 @@ func (b *broker) createTopics(t *testing.T, partitions int32, topics ...string) 
 	if err != nil {
 		t.Fatalf("creating topics %v: %v", topics, err)
 	}
+}
+
+// TestBrokerSelection: the suites run on the broker the environment
+// selects. With KDEDUP_TEST_KAFKA=apache that is the package's one Apache
+// Kafka broker (a KRaft cluster id, not kfake's "kfake"), and a test that
+// needs fault injection skips; by default it is an in-process kfake.
+func TestBrokerSelection(t *testing.T) {
+	b := newBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	md, err := b.admin(t).BrokerMetadata(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case os.Getenv("KDEDUP_TEST_KAFKA") == "apache":
+		if b.cluster != nil || md.Cluster == "kfake" {
+			t.Fatalf("KDEDUP_TEST_KAFKA=apache: the suite runs on kfake (cluster %q at %v)", md.Cluster, b.addrs)
+		}
+		if apache.cluster == nil || len(md.Brokers) != 1 || md.Brokers[0].Port != int32(mustPort(t, apache.cluster.Addrs()[0])) {
+			t.Fatalf("KDEDUP_TEST_KAFKA=apache: cluster %q at %v is not the one launched Apache Kafka broker", md.Cluster, b.addrs)
+		}
+		ranOn := false
+		t.Run("fault injection skips", func(t *testing.T) { b.fake(t); ranOn = true })
+		if ranOn {
+			t.Fatal("a test needing fault injection ran on Apache Kafka")
+		}
+	case os.Getenv("KDEDUP_TEST_BROKERS") != "" || os.Getenv("KDEDUP_TEST_CONTAINERS") == "1":
+		if b.cluster != nil {
+			t.Fatal("a real broker was selected, but the test runs on kfake")
+		}
+	default:
+		if b.cluster == nil || md.Cluster != "kfake" {
+			t.Fatalf("default: cluster %q (kfake in-process: %t), want kfake", md.Cluster, b.cluster != nil)
+		}
+	}
+	t.Logf("cluster %q at %v", md.Cluster, b.addrs)
+}
+
+func mustPort(t *testing.T, addr string) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
