@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/internal/kafkatest"
 )
 
 // binary is the kdedup binary built by TestMain for tests that kill the
@@ -36,8 +41,40 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	if apache.cluster != nil {
+		if err := apache.cluster.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// apache is the Apache Kafka broker of KDEDUP_TEST_KAFKA=apache: one for the
+// whole package run, started by the first test that asks for a broker
+// (tests get unique topic and group names) and stopped by TestMain, so
+// that the suites pay a JVM's start-up once.
+var apache struct {
+	once    sync.Once
+	cluster *kafkatest.Cluster
+	err     error
+}
+
+func apacheBroker(t *testing.T) *kafkatest.Cluster {
+	t.Helper()
+	apache.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		start := time.Now()
+		apache.cluster, apache.err = kafkatest.Start(ctx, 1, kafkatest.Options{})
+		if apache.err == nil {
+			t.Logf("Apache Kafka %s up in %s at %s", kafkatest.DefaultVersion, time.Since(start).Round(time.Millisecond), apache.cluster.Addrs()[0])
+		}
+	})
+	if apache.err != nil {
+		t.Fatalf("KDEDUP_TEST_KAFKA=apache: %v", apache.err)
+	}
+	return apache.cluster
 }
 
 // broker is the Kafka-protocol cluster a test runs against.
@@ -53,18 +90,29 @@ type broker struct {
 func (b *broker) fake(t *testing.T) *kfake.Cluster {
 	t.Helper()
 	if b.cluster == nil {
-		t.Skip("fault injection needs the in-process kfake broker; KDEDUP_TEST_BROKERS or KDEDUP_TEST_CONTAINERS selects a real one")
+		t.Skip("needs kfake's fault injection; KDEDUP_TEST_KAFKA, KDEDUP_TEST_BROKERS or KDEDUP_TEST_CONTAINERS selects a real broker")
 	}
 	return b.cluster
 }
 
 // newBroker returns the broker the environment selects: kfake in-process
-// (default), KDEDUP_TEST_BROKERS, or a Redpanda container when
-// KDEDUP_TEST_CONTAINERS=1.
+// (default), Apache Kafka started by the package when
+// KDEDUP_TEST_KAFKA=apache, KDEDUP_TEST_BROKERS, or a Redpanda container
+// when KDEDUP_TEST_CONTAINERS=1.
 func newBroker(t *testing.T) *broker {
 	t.Helper()
 	prefix := fmt.Sprintf("kdedup-%s-%08x-", strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")), rand.Uint32())
-	switch {
+	switch kafka := os.Getenv("KDEDUP_TEST_KAFKA"); {
+	case kafka == "apache":
+		c := apacheBroker(t)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("Apache Kafka's log (WARN and above, since it started):\n%s", c.Log())
+			}
+		})
+		return &broker{addrs: c.Addrs(), prefix: prefix}
+	case kafka != "" && kafka != "kfake":
+		t.Fatalf("KDEDUP_TEST_KAFKA=%q: want apache, or kfake (the default)", kafka)
 	case os.Getenv("KDEDUP_TEST_BROKERS") != "":
 		return &broker{addrs: strings.Split(os.Getenv("KDEDUP_TEST_BROKERS"), ","), prefix: prefix}
 	case os.Getenv("KDEDUP_TEST_CONTAINERS") == "1":
@@ -115,4 +163,54 @@ func (b *broker) createTopics(t *testing.T, partitions int32, topics ...string) 
 	if err != nil {
 		t.Fatalf("creating topics %v: %v", topics, err)
 	}
+}
+
+// TestBrokerSelection: the suites run on the broker the environment
+// selects. With KDEDUP_TEST_KAFKA=apache that is the package's one Apache
+// Kafka broker (a KRaft cluster id, not kfake's "kfake"), and a test that
+// needs fault injection skips; by default it is an in-process kfake.
+func TestBrokerSelection(t *testing.T) {
+	b := newBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	md, err := b.admin(t).BrokerMetadata(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case os.Getenv("KDEDUP_TEST_KAFKA") == "apache":
+		if b.cluster != nil || md.Cluster == "kfake" {
+			t.Fatalf("KDEDUP_TEST_KAFKA=apache: the suite runs on kfake (cluster %q at %v)", md.Cluster, b.addrs)
+		}
+		if apache.cluster == nil || len(md.Brokers) != 1 || md.Brokers[0].Port != int32(mustPort(t, apache.cluster.Addrs()[0])) {
+			t.Fatalf("KDEDUP_TEST_KAFKA=apache: cluster %q at %v is not the one launched Apache Kafka broker", md.Cluster, b.addrs)
+		}
+		ranOn := false
+		t.Run("fault injection skips", func(t *testing.T) { b.fake(t); ranOn = true })
+		if ranOn {
+			t.Fatal("a test needing fault injection ran on Apache Kafka")
+		}
+	case os.Getenv("KDEDUP_TEST_BROKERS") != "" || os.Getenv("KDEDUP_TEST_CONTAINERS") == "1":
+		if b.cluster != nil {
+			t.Fatal("a real broker was selected, but the test runs on kfake")
+		}
+	default:
+		if b.cluster == nil || md.Cluster != "kfake" {
+			t.Fatalf("default: cluster %q (kfake in-process: %t), want kfake", md.Cluster, b.cluster != nil)
+		}
+	}
+	t.Logf("cluster %q at %v", md.Cluster, b.addrs)
+}
+
+func mustPort(t *testing.T, addr string) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
