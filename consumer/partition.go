@@ -297,9 +297,11 @@ func (pw *partition) produce(in, out *kgo.Record) {
 // belongs to a committed one.
 //
 // A partition that is replaying has nothing to flush here: its restore
-// goroutine cuts its own write batches.
+// goroutine cuts its own write batches. Nor has one whose start is not
+// planned yet (adjustOffsets): a replay may be about to begin, and until
+// planned is set the restore goroutine's writes are not ordered after ours.
 func (pw *partition) flush() {
-	if pw.restoring.Load() {
+	if !pw.planned.Load() || pw.restoring.Load() {
 		return
 	}
 	pw.lastFlush = time.Now()

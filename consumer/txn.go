@@ -197,8 +197,8 @@ func (w *Worker) flushDue() {
 	}
 	w.mu.Unlock()
 	for _, pw := range parts {
-		if pw.restoring.Load() {
-			continue // its restore goroutine owns the deduplicator
+		if !pw.planned.Load() || pw.restoring.Load() {
+			continue // its restore goroutine owns (or may be about to own) the deduplicator
 		}
 		if time.Since(pw.lastFlush) >= w.opts.FlushInterval || pw.d.DirtyBytes() >= w.opts.FlushBytes/2 {
 			pw.flush()
