@@ -37,6 +37,8 @@ import (
 // own output topic, and prints records/s for both and their ratio. A run's
 // time is from its group join to the group's commit of the end of the
 // input, so it includes up to two commit intervals (1s each) of waiting.
+// With -broker apache it compares kdedup, the passthrough and a Kafka
+// Streams deduplicator as processes on Apache Kafka instead (benchPeers).
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
