@@ -37,6 +37,8 @@ import (
 // own output topic, and prints records/s for both and their ratio. A run's
 // time is from its group join to the group's commit of the end of the
 // input, so it includes up to two commit intervals (1s each) of waiting.
+// With -broker apache it compares kdedup, the passthrough and a Kafka
+// Streams deduplicator as processes on Apache Kafka instead (benchPeers).
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -49,6 +51,17 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&o.cacheBytes, "cache-bytes", "", "KDEDUP_CACHE_BYTES of the worker (empty: the default)")
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile of this process to `file` while the (in-process) worker of the first round runs; the broker's work is in it too")
 	fs.StringVar(&o.heapProfile, "heap-profile", "", "write a heap profile of this process to `file` once the (in-process) worker has caught up; the broker's records are in it too")
+	fs.StringVar(&o.broker, "broker", "kfake", "kfake: worker and passthrough on an in-process broker; apache: kdedup, the passthrough and a Kafka Streams deduplicator, each as its own process, on one Apache Kafka broker (needs Java 17 and Maven; see BENCHMARKS.md)")
+	peers := fs.String("peers", "kdedup,passthrough,kstreams", "with -broker apache: the systems to run, in the first step's order (kdedup, passthrough, kstreams)")
+	deliveries := fs.String("delivery", "at-least-once,exactly-once", "with -broker apache: the delivery modes to run each system in")
+	fs.DurationVar(&o.window, "window", 0, "with -broker apache: KDEDUP_WINDOW of kdedup and the Kafka Streams window store's retention (0: a key-value store, no window)")
+	fs.StringVar(&o.kstreamsDir, "kstreams-dir", "bench/kstreams-peer", "with -broker apache: the Maven module of the Kafka Streams deduplicator, built with mvn -q -B package")
+	fs.StringVar(&o.kstreamsHeap, "kstreams-heap", "512m", "with -broker apache: the Kafka Streams JVM's -Xmx")
+	fs.IntVar(&o.kstreamsThreads, "kstreams-threads", 1, "with -broker apache: num.stream.threads of the Kafka Streams deduplicator")
+	child := fs.Bool("passthrough-child", false, "internal: run the passthrough in this process for -broker apache (with -brokers, -group, -out, -delivery)")
+	childBrokers := fs.String("brokers", "", "internal: -passthrough-child's seed brokers")
+	childGroup := fs.String("group", "", "internal: -passthrough-child's consumer group")
+	childOut := fs.String("out", "", "internal: -passthrough-child's output topic")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -57,6 +70,15 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if o.records < 1 || o.partitions < 1 || o.rounds < 1 {
 		return fmt.Errorf("%w: -records, -partitions and -rounds must be at least 1", errUsage)
+	}
+	switch {
+	case *child:
+		return passthroughChild(ctx, strings.Split(*childBrokers, ","), *childGroup, *childOut, *deliveries)
+	case o.broker == "apache":
+		o.peers, o.deliveries = strings.Split(*peers, ","), strings.Split(*deliveries, ",")
+		return benchPeers(ctx, o, stdout)
+	case o.broker != "kfake":
+		return fmt.Errorf("%w: -broker must be kfake or apache, not %q", errUsage, o.broker)
 	}
 	const in = "events"
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(o.partitions), in))
@@ -72,7 +94,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer adm.Close()
 	o.adm = kadm.NewClient(adm)
 
-	keys, err := produceBench(ctx, o, in, stdout)
+	_, keys, err := produceBench(ctx, o, in, stdout)
 	if err != nil {
 		return err
 	}
@@ -136,12 +158,19 @@ type benchOptions struct {
 	cacheBytes, heapProfile, cpuProfile string
 	brokers                             []string
 	adm                                 *kadm.Client
+
+	// -broker apache (benchpeers.go)
+	broker, kstreamsDir, kstreamsHeap string
+	peers, deliveries                 []string
+	window                            time.Duration
+	kstreamsThreads                   int
 }
 
 // produceBench writes o.records records of a generated stream (producer
 // retries, replays, hot keys, tombstones, unkeyed records; see
-// internal/scenario) to topic and returns its distinct keys.
-func produceBench(ctx context.Context, o benchOptions, topic string, stdout io.Writer) (int, error) {
+// internal/scenario) to topic and returns them (partitions and offsets set)
+// and their distinct keys.
+func produceBench(ctx context.Context, o benchOptions, topic string, stdout io.Writer) ([]*kgo.Record, int, error) {
 	// Generate yields about 1.27 records per key; cut the stream at o.records.
 	recs := scenario.Generate(scenario.Options{Keys: o.records*4/5 + 1})
 	for len(recs) < o.records {
@@ -156,14 +185,14 @@ func produceBench(ctx context.Context, o benchOptions, topic string, stdout io.W
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(o.brokers...))
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
 	defer cl.Close()
 	start, last := time.Now(), time.Now()
 	const chunk = 50_000
 	for i := 0; i < len(recs); i += chunk {
 		if err := scenario.Produce(ctx, cl, topic, recs[i:min(i+chunk, len(recs))]); err != nil {
-			return 0, err
+			return nil, 0, err
 		}
 		if time.Since(last) >= 2*time.Second {
 			last = time.Now()
@@ -172,7 +201,7 @@ func produceBench(ctx context.Context, o benchOptions, topic string, stdout io.W
 		}
 	}
 	fmt.Fprintf(stdout, "produced %d records to %s in %s\n", len(recs), topic, time.Since(start).Round(time.Millisecond))
-	return len(keys), nil
+	return recs, len(keys), nil
 }
 
 // runWorker runs the real worker (internal/app.Run, at least once, a fresh
@@ -425,20 +454,7 @@ func runPassthrough(ctx context.Context, o benchOptions, group, out string, stdo
 		joined  = make(chan struct{})
 		once    sync.Once
 	)
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(o.brokers...),
-		kgo.ConsumerGroup(group),
-		kgo.ConsumeTopics("events"),
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.SessionTimeout(45*time.Second),
-		kgo.HeartbeatInterval(3*time.Second),
-		kgo.MetadataMinAge(time.Second),
-		kgo.BlockRebalanceOnPoll(),
-		kgo.DefaultProduceTopic(out),
-		kgo.AutoCommitMarks(),
-		kgo.AutoCommitInterval(interval),
+	cl, err := kgo.NewClient(append(passthroughOpts(o.brokers, group, out, interval, false),
 		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) {
 			once.Do(func() {
 				mu.Lock()
@@ -447,7 +463,7 @@ func runPassthrough(ctx context.Context, o benchOptions, group, out string, stdo
 				close(joined)
 			})
 		}),
-	)
+	)...)
 	if err != nil {
 		return runResult{}, err
 	}
@@ -477,6 +493,28 @@ func runPassthrough(ctx context.Context, o benchOptions, group, out string, stdo
 		return runResult{}, err
 	}
 	return res, lerr
+}
+
+// passthroughOpts are the passthrough's client options: the worker's
+// consumer settings; at least once (not transactional), it commits marked
+// offsets every interval.
+func passthroughOpts(brokers []string, group, out string, interval time.Duration, transactional bool) []kgo.Opt {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(brokers...),
+		kgo.ConsumerGroup(group),
+		kgo.ConsumeTopics("events"),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.SessionTimeout(45 * time.Second),
+		kgo.HeartbeatInterval(3 * time.Second),
+		kgo.MetadataMinAge(time.Second),
+		kgo.DefaultProduceTopic(out),
+	}
+	if transactional {
+		return opts
+	}
+	return append(opts, kgo.BlockRebalanceOnPoll(), kgo.AutoCommitMarks(), kgo.AutoCommitInterval(interval))
 }
 
 // passthroughLoop polls, produces every record, and every interval flushes

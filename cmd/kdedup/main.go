@@ -5,6 +5,7 @@
 //	kdedup [run]    run the worker, configured by KDEDUP_* variables
 //	kdedup demo     run the worker against an in-process broker and check it
 //	kdedup bench    compare its records/s with a passthrough on that broker
+//	                (-broker apache: and with Kafka Streams, on Apache Kafka)
 //	kdedup inspect  print the filter state of a stopped worker's data directory
 //	kdedup check    tell whether a dedup key would be dropped by that state
 //	kdedup version  print the version
@@ -109,6 +110,7 @@ usage:
   kdedup [run]     run the worker (configured by KDEDUP_* environment variables)
   kdedup demo      run the worker against an in-process broker and check its output
   kdedup bench     compare the worker's records/s with a passthrough on an in-process broker
+                   (-broker apache: kdedup, the passthrough and Kafka Streams on Apache Kafka)
   kdedup inspect [-data-dir DIR] [-json] [-topic T] [-partition P]
                    print each topic-partition's checkpoint, filter parameters, watermark,
                    sub-filters and totals from a stopped worker's data directory (read-only)

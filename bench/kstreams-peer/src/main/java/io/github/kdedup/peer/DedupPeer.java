@@ -1,0 +1,214 @@
+package io.github.kdedup.peer;
+
+import java.time.Duration;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.CountDownLatch;
+
+import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.common.utils.Bytes;
+import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.KeyValue;
+import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.Topology;
+import org.apache.kafka.streams.processor.api.Processor;
+import org.apache.kafka.streams.processor.api.ProcessorContext;
+import org.apache.kafka.streams.processor.api.Record;
+import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.StoreBuilder;
+import org.apache.kafka.streams.state.Stores;
+import org.apache.kafka.streams.state.WindowStore;
+import org.apache.kafka.streams.state.WindowStoreIterator;
+
+/**
+ * DedupPeer deduplicates a topic the way Kafka Streams users do: a processor
+ * with a persistent RocksDB store keyed by the record key, logged to a
+ * changelog topic. Without a window the store is a KeyValueStore and a key is
+ * remembered until its tombstone; with --window-ms it is a WindowStore whose
+ * retention is the window, and a record is a duplicate when its key was
+ * forwarded at a timestamp in [ts - window, ts]. A record is forwarded
+ * unchanged (key, value, timestamp, headers) when its key is new, a tombstone
+ * deletes the key and is forwarded, and a record without a key is forwarded.
+ *
+ * <p>Flags (--name=value): bootstrap, input, output, application-id,
+ * state-dir (required); guarantee (exactly_once_v2 or at_least_once, default
+ * at_least_once); window-ms (default 0: no window); commit-interval-ms
+ * (default 1000, kdedup's flush interval); threads (num.stream.threads,
+ * default 1). It runs until SIGTERM, then closes the streams client (which
+ * commits) and exits 0.
+ */
+public final class DedupPeer {
+    static final String STORE = "dedup-store";
+
+    public static void main(String[] args) throws InterruptedException {
+        Map<String, String> flags = new HashMap<>();
+        for (String a : args) {
+            if (!a.startsWith("--") || !a.contains("=")) {
+                usage("bad argument " + a);
+            }
+            int eq = a.indexOf('=');
+            flags.put(a.substring(2, eq), a.substring(eq + 1));
+        }
+        String input = required(flags, "input");
+        String output = required(flags, "output");
+        long windowMs = Long.parseLong(flags.getOrDefault("window-ms", "0"));
+        String guarantee = flags.getOrDefault("guarantee", StreamsConfig.AT_LEAST_ONCE);
+        if (!guarantee.equals(StreamsConfig.AT_LEAST_ONCE) && !guarantee.equals(StreamsConfig.EXACTLY_ONCE_V2)) {
+            usage("--guarantee must be at_least_once or exactly_once_v2, not " + guarantee);
+        }
+
+        Properties p = new Properties();
+        p.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, required(flags, "bootstrap"));
+        p.put(StreamsConfig.APPLICATION_ID_CONFIG, required(flags, "application-id"));
+        p.put(StreamsConfig.STATE_DIR_CONFIG, required(flags, "state-dir"));
+        p.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, guarantee);
+        p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, flags.getOrDefault("commit-interval-ms", "1000"));
+        p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, flags.getOrDefault("threads", "1"));
+        // One broker: the changelog and any internal topic get one replica.
+        p.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, "1");
+        p.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
+
+        KafkaStreams streams = new KafkaStreams(topology(input, output, windowMs), p);
+        CountDownLatch closed = new CountDownLatch(1);
+        streams.setStateListener((now, before) -> {
+            System.err.println("kstreams-peer: state " + before + " -> " + now);
+            if (now == KafkaStreams.State.ERROR) {
+                closed.countDown();
+            }
+        });
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            streams.close(Duration.ofSeconds(60));
+            closed.countDown();
+        }));
+        streams.start();
+        closed.await();
+        if (streams.state() == KafkaStreams.State.ERROR) {
+            streams.close(Duration.ofSeconds(10));
+            System.exit(1);
+        }
+    }
+
+    static Topology topology(String input, String output, long windowMs) {
+        StoreBuilder<?> store = windowMs > 0
+                ? Stores.windowStoreBuilder(
+                        Stores.persistentWindowStore(STORE, Duration.ofMillis(windowMs), Duration.ofMillis(windowMs), false),
+                        Serdes.Bytes(), Serdes.Long())
+                : Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore(STORE), Serdes.Bytes(), Serdes.Long());
+        Topology t = new Topology();
+        t.addSource("input", new ByteArrayDeserializer(), new ByteArrayDeserializer(), input);
+        if (windowMs > 0) {
+            t.addProcessor("dedup", () -> new WindowDedup(windowMs), "input");
+        } else {
+            t.addProcessor("dedup", KeyDedup::new, "input");
+        }
+        t.addStateStore(store, "dedup");
+        t.addSink("output", output, new ByteArraySerializer(), new ByteArraySerializer(), "dedup");
+        return t;
+    }
+
+    /** KeyDedup remembers each forwarded key (with its record's timestamp) until its tombstone. */
+    static final class KeyDedup implements Processor<byte[], byte[], byte[], byte[]> {
+        private ProcessorContext<byte[], byte[]> ctx;
+        private KeyValueStore<Bytes, Long> seen;
+
+        @Override
+        public void init(ProcessorContext<byte[], byte[]> ctx) {
+            this.ctx = ctx;
+            this.seen = ctx.getStateStore(STORE);
+        }
+
+        @Override
+        public void process(Record<byte[], byte[]> r) {
+            if (r.key() == null) {
+                ctx.forward(r);
+                return;
+            }
+            Bytes k = Bytes.wrap(r.key());
+            if (r.value() == null) {
+                seen.delete(k);
+                ctx.forward(r);
+                return;
+            }
+            if (seen.get(k) != null) {
+                return;
+            }
+            seen.put(k, r.timestamp());
+            ctx.forward(r);
+        }
+    }
+
+    /**
+     * WindowDedup remembers a forwarded key at its record's timestamp; the
+     * store drops it once stream time has passed it by the window (segment
+     * by segment), and a lookup only sees entries within the window.
+     */
+    static final class WindowDedup implements Processor<byte[], byte[], byte[], byte[]> {
+        private final long windowMs;
+        private ProcessorContext<byte[], byte[]> ctx;
+        private WindowStore<Bytes, Long> seen;
+
+        WindowDedup(long windowMs) {
+            this.windowMs = windowMs;
+        }
+
+        @Override
+        public void init(ProcessorContext<byte[], byte[]> ctx) {
+            this.ctx = ctx;
+            this.seen = ctx.getStateStore(STORE);
+        }
+
+        @Override
+        public void process(Record<byte[], byte[]> r) {
+            if (r.key() == null) {
+                ctx.forward(r);
+                return;
+            }
+            Bytes k = Bytes.wrap(r.key());
+            long ts = r.timestamp();
+            if (r.value() == null) {
+                // A window store has no delete by key: remove each entry.
+                java.util.List<Long> at = new java.util.ArrayList<>();
+                try (WindowStoreIterator<Long> it = seen.fetch(k, ts - windowMs, ts)) {
+                    while (it.hasNext()) {
+                        KeyValue<Long, Long> e = it.next();
+                        at.add(e.key);
+                    }
+                }
+                for (long start : at) {
+                    seen.put(k, null, start);
+                }
+                ctx.forward(r);
+                return;
+            }
+            try (WindowStoreIterator<Long> it = seen.fetch(k, ts - windowMs, ts)) {
+                if (it.hasNext()) {
+                    return;
+                }
+            }
+            seen.put(k, ts, ts);
+            ctx.forward(r);
+        }
+    }
+
+    private static String required(Map<String, String> flags, String name) {
+        String v = flags.get(name);
+        if (v == null || v.isEmpty()) {
+            usage("--" + name + " is required");
+        }
+        return v;
+    }
+
+    private static void usage(String why) {
+        System.err.println("kstreams-peer: " + why);
+        System.err.println("usage: java -jar kstreams-peer.jar --bootstrap=HOST:PORT --input=TOPIC --output=TOPIC"
+                + " --application-id=ID --state-dir=DIR [--guarantee=at_least_once|exactly_once_v2]"
+                + " [--window-ms=0] [--commit-interval-ms=1000] [--threads=1]");
+        System.exit(2);
+    }
+
+    private DedupPeer() {}
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestBenchPeersFlags: a bad -broker, -peers or -delivery is a usage error
+// found before anything is built or started.
+func TestBenchPeersFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-broker", "redpanda"},
+		{"-broker", "apache", "-peers", "kdedup,flink"},
+		{"-broker", "apache", "-delivery", "at-most-once"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			var out bytes.Buffer
+			if err := dispatch(context.Background(), append([]string{"bench"}, args...), &out, &out); !errors.Is(err, errUsage) {
+				t.Fatalf("bench %v: %v, want a usage error", args, err)
+			}
+		})
+	}
+}
+
+// TestBenchPeers runs `kdedup bench -broker apache` on a small stream: the
+// Kafka Streams deduplicator builds with Maven, and kdedup, the passthrough
+// and the Kafka Streams deduplicator, each in both delivery modes, produce
+// exactly their model (the deduplicated stream; every record for the
+// passthrough). It starts Apache Kafka and a JVM, so it runs only with
+// KDEDUP_TEST_KAFKA=apache.
+func TestBenchPeers(t *testing.T) {
+	if os.Getenv("KDEDUP_TEST_KAFKA") != "apache" {
+		t.Skip("starts Apache Kafka and the Kafka Streams peer (Java 17 and Maven): set KDEDUP_TEST_KAFKA=apache")
+	}
+	// The systems run as processes of this command's binary (kdedup run),
+	// so the test needs the binary rather than the test executable.
+	bin := filepath.Join(t.TempDir(), "kdedup")
+	if b, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	cmd := exec.Command(bin, "bench", "-broker", "apache", "-records", "4000", "-partitions", "2", "-kstreams-dir", "../../bench/kstreams-peer")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kdedup bench: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
+	}
+	rows := map[string]string{}
+	for line := range strings.Lines(string(out)) {
+		cells := strings.Split(line, "|")
+		if len(cells) < 14 || strings.TrimSpace(cells[1]) != "1" {
+			continue
+		}
+		rows[strings.TrimSpace(cells[2])+" "+strings.TrimSpace(cells[3])] = strings.TrimSpace(cells[12])
+	}
+	for _, delivery := range []string{"at-least-once", "exactly-once"} {
+		for _, system := range []string{peerKdedup, peerPassthrough, peerKStreams} {
+			if got := rows[delivery+" "+system]; got != "exact" {
+				t.Errorf("%s %s: output %q, want exact", delivery, system, got)
+			}
+		}
+	}
+	if t.Failed() || len(rows) != 6 {
+		t.Fatalf("rows %v; output:\n%s", rows, out)
+	}
+}
