@@ -137,8 +137,49 @@ func (n *threeNodes) createTopic(t *testing.T, topic string, replicas [][]int32)
 	if err != nil {
 		t.Fatalf("creating topic %s with replicas %v: %v", topic, replicas, err)
 	}
-	for i, rs := range replicas {
-		n.waitLeader(t, topic, int32(i), func(l int32) bool { return l == rs[0] }, fmt.Sprintf("led by node %d", rs[0]))
+	for _, nd := range n.c.Nodes() {
+		n.waitKnown(t, nd.ID, topic, replicas)
+	}
+}
+
+// waitKnown waits up to a minute until node id's metadata lists each
+// partition of topic led by its first replica. Each broker learns of a
+// topic from the controller on its own: a worker asking another broker
+// first would be told the topic does not exist.
+func (n *threeNodes) waitKnown(t *testing.T, id int32, topic string, replicas [][]int32) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	var last string
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req := kmsg.NewPtrMetadataRequest()
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(topic)
+		req.Topics = append(req.Topics, rt)
+		resp, err := n.cl.Broker(int(id)).Request(ctx, req)
+		cancel()
+		if err == nil {
+			last = ""
+			md := resp.(*kmsg.MetadataResponse)
+			if len(md.Topics) != 1 || md.Topics[0].ErrorCode != 0 || len(md.Topics[0].Partitions) != len(replicas) {
+				last = "topic not listed in full"
+			} else {
+				for _, p := range md.Topics[0].Partitions {
+					if p.ErrorCode != 0 || p.Leader != replicas[p.Partition][0] {
+						last = fmt.Sprintf("partition %d led by %d (error %d)", p.Partition, p.Leader, p.ErrorCode)
+					}
+				}
+			}
+			if last == "" {
+				return
+			}
+		} else {
+			last = err.Error()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %d does not list %s led by %v within a minute (last: %s)", id, topic, replicas, last)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
