@@ -273,18 +273,32 @@ func (n *threeNodes) coordinator(t *testing.T, key string, txn bool) int32 {
 	}
 }
 
-// killAndRestart SIGKILLs the node, waits until moved reports that its
-// role has passed to another node, and restarts it.
-func (n *threeNodes) killAndRestart(t *testing.T, id int32, moved func()) {
+// killAndRestart SIGKILLs the node while p's input is still arriving
+// (total records in all), waits until moved reports that its role has
+// passed to another node, and restarts it.
+func (n *threeNodes) killAndRestart(t *testing.T, p *pipeline, total int, id int32, moved func()) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ends, err := n.adm.ListEndOffsets(ctx, p.in)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		t.Fatalf("listing the end offsets of %s: %v", p.in, err)
+	}
+	produced := int64(0)
+	ends.Each(func(o kadm.ListedOffset) { produced += o.Offset })
+	if produced >= int64(total) {
+		t.Fatalf("all %d input records were produced before the kill: not mid-stream", total)
+	}
 	nd := n.c.Node(id)
 	pid := nd.PID()
 	killed := time.Now()
 	nd.Kill()
 	moved()
-	t.Logf("node %d (pid %d) killed; its role moved after %s", id, pid, time.Since(killed).Round(time.Millisecond))
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	t.Logf("node %d (pid %d) killed with %d of %d input records produced; its role moved after %s",
+		id, pid, produced, total, time.Since(killed).Round(time.Millisecond))
 	if err := nd.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +372,7 @@ func TestClusterFaults(t *testing.T) {
 				f := p.feed(t, recs, chunk, pause)
 				w.waitDeciding(t)
 				f.until(len(recs) / 3)
-				n.killAndRestart(t, victim, func() {
+				n.killAndRestart(t, p, len(recs), victim, func() {
 					n.waitLeader(t, topic, 0, func(l int32) bool { return l >= 0 && l != victim }, fmt.Sprintf("led by a node other than %d", victim))
 				})
 				f.wait(t)
@@ -393,7 +407,7 @@ func TestClusterFaults(t *testing.T) {
 		f := p.feed(t, recs, chunk, pause)
 		w.waitDeciding(t)
 		f.until(len(recs) / 3)
-		n.killAndRestart(t, victim, func() {
+		n.killAndRestart(t, p, len(recs), victim, func() {
 			deadline := time.Now().Add(time.Minute)
 			for n.coordinator(t, txnID, true) == victim {
 				if time.Now().After(deadline) {
