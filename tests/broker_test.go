@@ -163,6 +163,27 @@ func (b *broker) createTopics(t *testing.T, partitions int32, topics ...string) 
 	if err != nil {
 		t.Fatalf("creating topics %v: %v", topics, err)
 	}
+	// A real broker lists a new topic in its metadata a moment after
+	// CreateTopics answers; a worker started before would find no topic.
+	for {
+		md, err := b.admin(t).Metadata(ctx, topics...)
+		known := err == nil
+		for _, topic := range topics {
+			d, ok := md.Topics[topic]
+			known = known && ok && d.Err == nil && len(d.Partitions) == int(partitions)
+			for _, p := range d.Partitions {
+				known = known && p.Err == nil && p.Leader >= 0
+			}
+		}
+		if known {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("topics %v not in the brokers' metadata within 30s (last error %v)", topics, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // TestBrokerSelection: the suites run on the broker the environment

@@ -43,6 +43,26 @@ func (b *broker) setTopicConfig(t *testing.T, topic, key, value string) {
 	if err != nil {
 		t.Fatalf("setting %s=%s on %s: %v", key, value, topic, err)
 	}
+	// A real broker applies the change a moment after answering: wait
+	// until it describes the new value, then a little more for the log.
+	for {
+		rcs, err := b.admin(t).DescribeTopicConfigs(ctx, topic)
+		if err == nil {
+			if rc, err := rcs.On(topic, nil); err == nil {
+				for _, c := range rc.Configs {
+					if c.Key == key && c.Value != nil && *c.Value == value {
+						time.Sleep(200 * time.Millisecond)
+						return
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s=%s on %s not applied within 30s", key, value, topic)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // withDeadLetterTopic creates a dead-letter topic (max.message.bytes

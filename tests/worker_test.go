@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -347,10 +348,17 @@ func (p *pipeline) waitMembers(t *testing.T, n int) {
 	t.Helper()
 	adm := p.b.admin(t)
 	deadline := time.Now().Add(60 * time.Second)
+	last := "nothing described"
 	for time.Now().Before(deadline) {
 		groups, err := adm.DescribeGroups(context.Background(), p.group)
 		if err == nil {
 			g := groups[p.group]
+			last = fmt.Sprintf("state %s, %d members", g.State, len(g.Members))
+			for _, m := range g.Members {
+				if a, ok := m.Assigned.AsConsumer(); ok {
+					last += fmt.Sprintf("; %s owns %v", m.MemberID, a.Topics)
+				}
+			}
 			owning := 0
 			for _, m := range g.Members {
 				if a, ok := m.Assigned.AsConsumer(); ok && len(a.Topics) > 0 && len(a.Topics[0].Partitions) > 0 {
@@ -363,5 +371,5 @@ func (p *pipeline) waitMembers(t *testing.T, n int) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("group %s did not reach %d members owning partitions", p.group, n)
+	t.Fatalf("group %s did not reach %d members owning partitions: %s", p.group, n, last)
 }

@@ -61,9 +61,22 @@ func checkTargetTopics(ctx context.Context, cfg config.Config, opts []kgo.Opt, l
 	for i, t := range targets {
 		names[i] = t.topic
 	}
-	md, err := adm.Metadata(kadm.WithAuthorizedOps(ctx), names...)
-	if err != nil {
-		return nil, fmt.Errorf("checking the topics the worker produces to: %w", err)
+	// A topic created a moment ago may not be in every broker's metadata
+	// yet: ask again for a few seconds before calling it missing.
+	var md kadm.Metadata
+	for unknownUntil := time.Now().Add(topicPropagation); ; {
+		md, err = adm.Metadata(kadm.WithAuthorizedOps(ctx), names...)
+		if err != nil {
+			return nil, fmt.Errorf("checking the topics the worker produces to: %w", err)
+		}
+		if !anyUnknown(md, names) || time.Now().After(unknownUntil) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("checking the topics the worker produces to: %w", ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 	var errs []error
 	for _, t := range targets {
@@ -111,4 +124,19 @@ func checkTargetTopics(ctx context.Context, cfg config.Config, opts []kgo.Opt, l
 		}
 	}
 	return limits, nil
+}
+
+// topicPropagation is how long checkTargetTopics waits for a topic the
+// brokers do not know yet: a new topic reaches each broker's metadata from
+// the controller within a second or so.
+const topicPropagation = 3 * time.Second
+
+// anyUnknown reports whether md lacks one of names or says it does not exist.
+func anyUnknown(md kadm.Metadata, names []string) bool {
+	for _, n := range names {
+		if d, ok := md.Topics[n]; !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+			return true
+		}
+	}
+	return false
 }
