@@ -214,7 +214,9 @@ func MaxFlushBytes(pageBytes int) int64 {
 func batchLimits(pageBytes int, flushBytes int64) (size, count int64) {
 	pb := int64(pageBytes)
 	pages := (flushBytes+pb-1)/pb + 1
-	size = pages*(pb+maxPageKeyBytes+entryOverheadBytes) + batchReserveBytes
+	// A dirty page writes a whole page with its header, or a delta shorter
+	// than that under a longer key.
+	size = pages*(pb+pageBaseHeader+maxDeltaKeyBytes+entryOverheadBytes) + batchReserveBytes
 	return size, pages + 3 // + meta, checkpoint, Badger's commit marker
 }
 
@@ -255,7 +257,7 @@ type DB struct {
 
 	// cache holds clean pages of every Partition, keyed by the Partition's
 	// owner number so that a closed Partition's pages are never seen again.
-	cache     *lru.Cache[cacheKey, []byte]
+	cache     *lru.Cache[cacheKey, *cachedPage]
 	nextOwner atomic.Uint64
 
 	// batchSize and batchCount are the transaction a full write batch needs.
@@ -320,7 +322,7 @@ func open(opts Options, tn tuning) (*DB, error) {
 	}
 	db.batchSize, db.batchCount = batchLimits(opts.PageBytes, opts.FlushBytes)
 	db.memTable = memTableBytes(db.batchSize)
-	cache, err := lru.New[cacheKey, []byte](int(max(opts.CacheBytes/int64(opts.PageBytes), 1)))
+	cache, err := lru.New[cacheKey, *cachedPage](int(max(opts.CacheBytes/int64(opts.PageBytes), 1)))
 	if err != nil {
 		return nil, fmt.Errorf("store: creating the page cache: %w", err)
 	}
@@ -545,7 +547,7 @@ func (db *DB) Partition(topic string, partition int32) (*Partition, error) {
 		tp:     tp,
 		prefix: partitionPrefix(topic, partition),
 		owner:  db.nextOwner.Add(1),
-		dirty:  make(map[filter.PageID][]byte),
+		dirty:  make(map[filter.PageID]*dirtyPage),
 	}
 	if err := p.load(); err != nil {
 		return nil, err
