@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/skl"
 
 	"github.com/kdedup/kdedup/filter"
 )
@@ -44,15 +46,36 @@ type dirtyPage struct {
 	spans []span
 	raw   int // bytes the spans would encode to at most
 	whole bool
+	// batchBytes is the page's share of Partition.DirtyBytes.
+	batchBytes int64
+}
+
+// minEntryBytes is the least a page counts in Partition.DirtyBytes: Badger's
+// skiplist node size, on which Badger bases its limit on the entries of a
+// transaction (MaxBatchCount is MaxBatchSize over it), so that counting
+// bytes bounds the entries too.
+const minEntryBytes = int64(skl.MaxNodeSize)
+
+// sizeInBatch returns what d adds to a write batch, as Partition.DirtyBytes
+// counts it, with delta keys of keyBytes: PageBytes when Commit may write
+// it whole (the key, header and Badger's bytes of a whole page are in the
+// allowance batchLimits adds per page); for a delta, its key, at most raw
+// value bytes and Badger's per-entry bytes, at least minEntryBytes, never
+// more than PageBytes.
+func (d *dirtyPage) sizeInBatch(pageBytes, keyBytes int) int64 {
+	if d.whole || d.log.deltaBytes+keyBytes+d.raw > maxDeltaBytes(pageBytes) {
+		return int64(pageBytes)
+	}
+	return min(max(int64(keyBytes+d.raw+entryOverheadBytes), minEntryBytes), int64(pageBytes))
 }
 
 // span is bytes [lo, hi) of a page.
 type span struct{ lo, hi int }
 
-// spanHeaderBytes is the most two uvarints (gap and length) of a span in a
-// 4 KiB page take; larger pages count more for long spans, which the
-// encoded length check in plan catches.
-const spanHeaderBytes = 4
+// runHeaderBytes is the most the two uvarints (gap and length, each at most
+// pageBytes) of a run of a delta take, so that a delta value is never
+// longer than the raw bytes counted for it.
+func runHeaderBytes(pageBytes int) int { return 2 * ((bits.Len(uint(pageBytes)) + 6) / 7) }
 
 // maxDeltaBytes is how many key and value bytes of live deltas a page of
 // pageBytes may have before the next write batch rewrites it whole: half a
@@ -71,7 +94,7 @@ func (d *dirtyPage) mark(off, n, pageBytes int) {
 		return
 	}
 	d.spans = append(d.spans, span{lo: off, hi: off + n})
-	d.raw += n + spanHeaderBytes
+	d.raw += n + runHeaderBytes(pageBytes)
 	if d.raw > maxDeltaBytes(pageBytes) {
 		d.setWhole() // its delta alone would be rewritten whole
 	}
@@ -201,6 +224,7 @@ type obsoleteDeltas struct {
 // entries left by a crash are deleted when their page is next rewritten
 // whole.
 func (p *Partition) deleteObsolete() {
+	p.lastObsoleteBytes = 0
 	if len(p.obsolete) == 0 {
 		return
 	}
@@ -227,5 +251,64 @@ func (p *Partition) deleteObsolete() {
 		return
 	}
 	p.db.metrics.commitBytes.Add(float64(written))
+	p.lastObsoleteBytes = written
 	p.obsolete = p.obsolete[:0]
+}
+
+// Consolidate rewrites whole every stored page of p that has live deltas,
+// in write batches of up to Options.FlushBytes that carry the current
+// metadata and checkpoint (the pages read the same before and after, so
+// every intermediate state is the committed one), and deletes the deltas
+// folded in. With Badger's compaction it brings the state at rest to its
+// page bytes: live deltas add up to half a page per page until then. It
+// costs a read and a whole write of each such page: call it when the
+// partition is idle, never between the changes of a write batch. It
+// returns ErrDirty when p has uncommitted changes, nil without a committed
+// write batch, and Commit's and Page's errors.
+func (p *Partition) Consolidate() error {
+	if p.closed || p.db.closed.Load() {
+		return fmt.Errorf("store: consolidating %s: %w", p.tp, ErrClosed)
+	}
+	if len(p.dirty) > 0 || len(p.dropped) > 0 {
+		return fmt.Errorf("store: consolidating %s: %w", p.tp, ErrDirty)
+	}
+	if !p.hasCP {
+		return nil
+	}
+	var ids []filter.PageID
+	start := append(append([]byte{}, p.prefix...), tagPage)
+	err := p.db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: start})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			k := it.Item().Key()[len(start):]
+			if len(k) != 8+deltaSeqBytes {
+				continue
+			}
+			id := filter.PageID{SubFilter: binary.BigEndian.Uint32(k), Page: binary.BigEndian.Uint32(k[4:])}
+			if len(ids) == 0 || ids[len(ids)-1] != id {
+				ids = append(ids, id)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("store: consolidating %s: listing deltas: %w", p.tp, err)
+	}
+	for _, id := range ids {
+		page, err := p.Page(id)
+		if err != nil {
+			return err
+		}
+		p.MarkDirty(id, page)
+		if p.DirtyBytes() >= p.db.opts.FlushBytes {
+			if err := p.Commit(p.meta, p.cp); err != nil {
+				return err
+			}
+		}
+	}
+	if len(p.dirty) == 0 {
+		return nil
+	}
+	return p.Commit(p.meta, p.cp)
 }

@@ -56,8 +56,8 @@ func storedEntries(t *testing.T, p *Partition) (bases map[filter.PageID]int64, d
 // reopenings with a cache of a few pages, so that pages are read back from
 // their base and deltas. After every write batch it checks what is stored:
 // every page's live deltas stay within half a page (maxDeltaBytes), no
-// delta folded into a base is left behind, and a dropped sub-filter leaves
-// no entry. Both thresholds are crossed: pages are written as deltas and
+// delta folded into a base is left behind, a dropped sub-filter leaves
+// no entry, and Consolidate (run after some write batches) leaves no delta. Both thresholds are crossed: pages are written as deltas and
 // consolidated.
 func TestDeltaRandomized(t *testing.T) {
 	for _, pb := range []int{256, 4096} {
@@ -93,7 +93,7 @@ func testDeltaRandomized(t *testing.T, pb int, rng *rand.Rand) {
 		}
 		return make([]byte, pb)
 	}
-	var deltasSeen, consolidations int
+	var deltasSeen, consolidations, consolidated int
 	for step := range 4000 {
 		switch r := rng.IntN(100); {
 		case r < 75: // write some byte ranges of one page
@@ -124,8 +124,22 @@ func testDeltaRandomized(t *testing.T, pb int, rng *rand.Rand) {
 			copy(m, pg)
 			current[id] = m
 		case r < 88: // write batch
+			dirtyBytes, dirtyPages := p.DirtyBytes(), int64(p.DirtyPages())
+			if least := min(int64(pb), minEntryBytes); dirtyPages*least > dirtyBytes {
+				t.Fatalf("step %d: %d dirty pages count %d bytes, less than %d each", step, dirtyPages, dirtyBytes, least)
+			}
+			before := counterValue(t, db.metrics.commitBytes)
 			if err := p.Commit([]byte("meta"), Checkpoint{Offset: int64(step)}); err != nil {
 				t.Fatalf("step %d: Commit: %v", step, err)
+			}
+			// What the transaction held (keys and values; the deletes of
+			// obsolete deltas come after it) is within DirtyBytes plus a
+			// whole page's key and header per page, as batchLimits assumes.
+			txnBytes := counterValue(t, db.metrics.commitBytes) - before - obsoleteDeleted(p)
+			limit := dirtyBytes + dirtyPages*int64(pageBaseHeader+len(pageKey(p.prefix, filter.PageID{}))) +
+				int64(len(metaKey(p.prefix))+len("meta")+len(checkpointKey(p.prefix))+checkpointBytes+len(droppedKey(p.prefix, 0))*len(dropped))
+			if txnBytes > limit {
+				t.Fatalf("step %d: the write batch wrote %d bytes, DirtyBytes %d allows %d", step, txnBytes, dirtyBytes, limit)
 			}
 			for _, sub := range dropped {
 				for id := range current {
@@ -136,6 +150,15 @@ func testDeltaRandomized(t *testing.T, pb int, rng *rand.Rand) {
 			}
 			dropped = dropped[:0]
 			committed = copyPages(current)
+			if rng.IntN(8) == 0 {
+				if err := p.Consolidate(); err != nil {
+					t.Fatalf("step %d: Consolidate: %v", step, err)
+				}
+				if _, deltas := storedEntries(t, p); len(deltas) != 0 {
+					t.Fatalf("step %d: %d pages keep deltas after Consolidate", step, len(deltas))
+				}
+				consolidated++
+			}
 			bases, deltas := storedEntries(t, p)
 			for id, seqs := range deltas {
 				base := bases[id] // 0 without a base: no delta is obsolete
@@ -194,11 +217,34 @@ func testDeltaRandomized(t *testing.T, pb int, rng *rand.Rand) {
 			dropped = append(dropped, sub)
 		}
 	}
-	if deltasSeen < 2 || consolidations == 0 {
+	p.Discard()
+	if err := p.Consolidate(); err != nil {
+		t.Fatal(err)
+	}
+	for id, pg := range committed {
+		if got := mustPage(t, p, id); !bytes.Equal(got, pg) {
+			t.Fatalf("page %v after the last Consolidate differs from the model", id)
+		}
+	}
+	if deltasSeen < 2 || consolidations == 0 || consolidated == 0 {
 		t.Fatalf("the workload did not reach the thresholds: at most %d live deltas per page, %d consolidated bases", deltasSeen, consolidations)
 	}
 	t.Logf("up to %d live deltas per page, %d consolidated bases seen", deltasSeen, consolidations)
 }
+
+func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) int64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return int64(m.GetCounter().GetValue())
+}
+
+// obsoleteDeleted returns the key bytes of the obsolete deltas p's last
+// Commit deleted after its transaction (all of them: the deletes do not
+// fail in memory).
+func obsoleteDeleted(p *Partition) int64 { return p.lastObsoleteBytes }
 
 func readPageT(p *Partition, id filter.PageID) (data []byte, lg pageLog, found bool, err error) {
 	err = p.db.bdb.View(func(txn *badger.Txn) error {
@@ -243,7 +289,7 @@ func TestCommitWritesChangedBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	dirty := p.DirtyBytes() / int64(db.opts.PageBytes)
+	dirty := p.DirtyPages()
 	meta := c.MarshalMeta()
 	if err := p.Commit(meta, Checkpoint{Offset: preload + inserts}); err != nil {
 		t.Fatal(err)

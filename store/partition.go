@@ -45,6 +45,10 @@ type Partition struct {
 	markErr error
 	// obsolete are delta entries folded into a committed base, to delete.
 	obsolete []obsoleteDeltas
+	// dirtyBytes is the sum of the dirty pages' batchBytes.
+	dirtyBytes int64
+	// lastObsoleteBytes is the key bytes deleteObsolete deleted last.
+	lastObsoleteBytes int64
 	// dropped are the sub-filters dropped since the last write batch;
 	// reclaim are those committed as dropped whose pages are not yet
 	// deleted.
@@ -250,6 +254,7 @@ func (p *Partition) load1(id filter.PageID) (*cachedPage, error) {
 func (p *Partition) MarkDirty(id filter.PageID, page []byte) {
 	if d := p.markDirty(id, page); d != nil {
 		d.setWhole()
+		p.account(d)
 	}
 }
 
@@ -262,6 +267,7 @@ func (p *Partition) MarkDirty(id filter.PageID, page []byte) {
 func (p *Partition) MarkChanged(id filter.PageID, page []byte, off, n int) {
 	if d := p.markDirty(id, page); d != nil {
 		d.mark(off, n, p.db.opts.PageBytes)
+		p.account(d)
 	}
 }
 
@@ -309,8 +315,9 @@ func (p *Partition) Drop(subFilter uint32) {
 	if p.closed {
 		return
 	}
-	for id := range p.dirty {
+	for id, d := range p.dirty {
 		if id.SubFilter == subFilter {
+			p.dirtyBytes -= d.batchBytes
 			delete(p.dirty, id)
 		}
 	}
@@ -321,12 +328,24 @@ func (p *Partition) Drop(subFilter uint32) {
 	p.dropped = append(p.dropped, subFilter)
 }
 
-// DirtyBytes returns the bytes of pages marked dirty since the last
-// successful Commit (or Discard): whole pages, however few of their bytes
-// changed, so that a write batch stays within the Badger transaction sized
-// for Options.FlushBytes whichever pages it writes whole.
-func (p *Partition) DirtyBytes() int64 {
-	return int64(len(p.dirty)) * int64(p.db.opts.PageBytes)
+// DirtyBytes returns the size of the write batch the changes since the last
+// successful Commit (or Discard) make: PageBytes for a page written whole,
+// and for a page written as a delta an upper bound of the delta entry's
+// key, value and Badger's per-entry bytes, at least minEntryBytes (see
+// batchBytes). A page counts at most PageBytes, so that a write batch cut
+// when DirtyBytes reaches Options.FlushBytes stays within the Badger
+// transaction Open sized for it.
+func (p *Partition) DirtyBytes() int64 { return p.dirtyBytes }
+
+// DirtyPages returns the number of pages changed since the last successful
+// Commit (or Discard).
+func (p *Partition) DirtyPages() int { return len(p.dirty) }
+
+// account updates d's share of DirtyBytes after a change.
+func (p *Partition) account(d *dirtyPage) {
+	b := d.sizeInBatch(p.db.opts.PageBytes, len(p.prefix)+pageKeySuffix+deltaSeqBytes)
+	p.dirtyBytes += b - d.batchBytes
+	d.batchBytes = b
 }
 
 // Commit writes a write batch in one Badger transaction: every dirty page
@@ -380,6 +399,7 @@ func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
 		p.db.cache.Add(cacheKey{owner: p.owner, id: id}, &cachedPage{data: d.data, log: lg})
 	}
 	clear(p.dirty)
+	p.dirtyBytes = 0
 	p.meta = append([]byte{}, meta...)
 	p.cp, p.hasCP = cp, true
 	p.reclaim = append(p.reclaim, p.dropped...)
@@ -463,6 +483,7 @@ func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, map[filter.PageID
 // Use it when the partition is lost or its uncommitted changes are void.
 func (p *Partition) Discard() {
 	clear(p.dirty)
+	p.dirtyBytes = 0
 	p.last, p.markErr = nil, nil
 	p.dropped = p.dropped[:0]
 	p.dropCached()
