@@ -476,11 +476,16 @@ func BenchmarkDurableRate(b *testing.B) {
 	keys := benchEnvInt(b, "KDEDUP_BENCH_KEYS", 1_000_000)
 	partitions := benchEnvInt(b, "KDEDUP_BENCH_PARTITIONS", 4)
 	rate := benchEnvInt(b, "KDEDUP_BENCH_RATE", 50_000)
-	r, err := newRig(b.TempDir(), partitions, 4096, time.Second)
+	dir := b.TempDir()
+	r, err := newRig(dir, partitions, 4096, time.Second)
 	if err != nil {
 		b.Fatal(err)
 	}
+	closed := false
 	defer func() {
+		if closed {
+			return
+		}
 		if err := r.close(); err != nil {
 			b.Error(err)
 		}
@@ -525,6 +530,42 @@ func BenchmarkDurableRate(b *testing.B) {
 		b.ReportMetric(float64(r.batches-batches)/after.wall.Sub(before.wall).Seconds(), "batches/s")
 		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
 	})
+	if os.Getenv("KDEDUP_BENCH_AT_REST") == "" {
+		return
+	}
+	// KDEDUP_BENCH_AT_REST=1 also measures the state at rest (untimed):
+	// rest-bits/key as the run left it (deltas included), then
+	// consolidated-bits/key after Partition.Consolidate, both after
+	// Badger's compaction (measureAtRest's latest copy), beside
+	// page-bits/key, the page bytes the filters hold; logged.
+	items, _, pageBytes := r.stats()
+	closed = true
+	if err := r.close(); err != nil {
+		b.Fatal(err)
+	}
+	keys64 := float64(items)
+	rest := float64(measureAtRest(b, dir, b.TempDir(), options.None).latest*8) / keys64
+	db, err := store.Open(store.Options{Dir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for p := range partitions {
+		sp, err := db.Partition("events", int32(p))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := sp.Consolidate(); err != nil {
+			b.Fatal(err)
+		}
+		sp.Close()
+	}
+	if err := db.Close(); err != nil {
+		b.Fatal(err)
+	}
+	consolidated := float64(measureAtRest(b, dir, b.TempDir(), options.None).latest*8) / keys64
+	// A parent benchmark prints no metrics of its own, hence the log line.
+	b.Logf("at rest: %.0f keys, page-bits/key %.2f, rest-bits/key %.2f, consolidated-bits/key %.2f",
+		keys64, float64(pageBytes*8)/keys64, rest, consolidated)
 }
 
 // BenchmarkKeySetAtRest compares the space two stores need for the same
@@ -577,6 +618,11 @@ func BenchmarkKeySetAtRest(b *testing.B) {
 				b.Fatal(err)
 			}
 			raw := sp.Meta()
+			// At rest means compacted: the deltas folded into their pages,
+			// then Badger's compaction (measureAtRest).
+			if err := sp.Consolidate(); err != nil {
+				b.Fatal(err)
+			}
 			sp.Close()
 			if raw == nil {
 				continue // no record reached this partition
