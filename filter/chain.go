@@ -743,10 +743,15 @@ func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
 		cur = int(altLocal(uint64(cur/bb), fp, n)) * bb
 		if off := c.find(pg, cur, f, 0); off >= 0 {
 			set(pg, off, f, fp)
-			for _, k := range c.kicks {
-				c.markSlot(pos.id, pg, k.slot, f)
+			if len(c.kicks) >= maxMarkedKicks {
+				// Slots all over the page changed: the page as a whole.
+				c.pager.MarkDirty(pos.id, pg)
+			} else {
+				for _, k := range c.kicks {
+					c.markSlot(pos.id, pg, k.slot, f)
+				}
+				c.markSlot(pos.id, pg, off, f)
 			}
-			c.markSlot(pos.id, pg, off, f)
 			c.subs[s].Items++
 			return true
 		}
@@ -756,6 +761,12 @@ func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
 	}
 	return false
 }
+
+// maxMarkedKicks is the length of an eviction walk from which the chain
+// reports its page changed as a whole instead of slot by slot: such a walk
+// moved fingerprints all over the page, and a store writing changed bytes
+// would write most of the page's bytes with a header each.
+const maxMarkedKicks = 16
 
 // markSlot tells the pager that the f-bit slot at bit offset off of page id
 // changed: the bytes it shares with its neighbours included, since a store

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -70,7 +71,7 @@ func (d *dirtyPage) sizeInBatch(pageBytes, keyBytes int) int64 {
 }
 
 // span is bytes [lo, hi) of a page.
-type span struct{ lo, hi int }
+type span struct{ lo, hi uint32 }
 
 // runHeaderBytes is the most the two uvarints (gap and length, each at most
 // pageBytes) of a run of a delta take, so that a delta value is never
@@ -84,38 +85,70 @@ func runHeaderBytes(pageBytes int) int { return 2 * ((bits.Len(uint(pageBytes)) 
 // on a cache miss reads at most 1.5 pages (see the package comment).
 func maxDeltaBytes(pageBytes int) int { return pageBytes / 2 }
 
-// mark records bytes [off, off+n) of d as changed.
-func (d *dirtyPage) mark(off, n, pageBytes int) {
+// mark records bytes [off, off+n) of d as changed. A page whose delta
+// would be rewritten whole at the next write batch (its change, or its
+// change and its live deltas, pass maxDeltaBytes) stops tracking ranges.
+func (p *Partition) mark(d *dirtyPage, off, n int) {
 	if d.whole {
 		return
 	}
-	if off < 0 || n <= 0 || off+n > pageBytes {
-		d.setWhole()
+	pb := p.db.opts.PageBytes
+	if off < 0 || n <= 0 || off+n > pb {
+		p.setWhole(d)
 		return
 	}
-	d.spans = append(d.spans, span{lo: off, hi: off + n})
-	d.raw += n + runHeaderBytes(pageBytes)
-	if d.raw > maxDeltaBytes(pageBytes) {
-		d.setWhole() // its delta alone would be rewritten whole
+	lo, hi := uint32(off), uint32(off+n)
+	if k := len(d.spans) - 1; k >= 0 && lo <= d.spans[k].hi && hi >= d.spans[k].lo {
+		// Overlapping or touching the last range (a slot written again, or
+		// its neighbour): widen it.
+		last := &d.spans[k]
+		grown := int(max(hi, last.hi)-min(lo, last.lo)) - int(last.hi-last.lo)
+		last.lo, last.hi = min(lo, last.lo), max(hi, last.hi)
+		d.raw += grown
+	} else {
+		if d.spans == nil && len(p.spareSpans) > 0 {
+			d.spans, p.spareSpans = p.spareSpans[len(p.spareSpans)-1], p.spareSpans[:len(p.spareSpans)-1]
+		}
+		d.spans = append(d.spans, span{lo: lo, hi: hi})
+		d.raw += n + runHeaderBytes(pb)
+	}
+	if d.log.deltaBytes+p.deltaKeyBytes()+d.raw > maxDeltaBytes(pb) {
+		p.setWhole(d) // the next write batch writes it whole
 	}
 }
 
-func (d *dirtyPage) setWhole() {
-	d.whole, d.spans, d.raw = true, nil, 0
+// setWhole makes d a page written whole, its ranges kept for reuse.
+func (p *Partition) setWhole(d *dirtyPage) {
+	p.recycle(d)
+	d.whole = true
 }
+
+// recycle keeps d's range buffer for another dirty page.
+func (p *Partition) recycle(d *dirtyPage) {
+	if d.spans != nil && len(p.spareSpans) < maxSpareSpans {
+		p.spareSpans = append(p.spareSpans, d.spans[:0])
+	}
+	d.spans, d.raw = nil, 0
+}
+
+// maxSpareSpans bounds the range buffers a Partition keeps for reuse.
+const maxSpareSpans = 4096
+
+// deltaKeyBytes is the length of p's delta keys.
+func (p *Partition) deltaKeyBytes() int { return len(p.prefix) + pageKeySuffix + deltaSeqBytes }
 
 // encodeDelta returns the delta value of the spans of page: for each run of
 // changed bytes in increasing order, uvarint(gap from the end of the
 // previous run) | uvarint(length) | bytes. Spans closer than a run header
 // are merged, since the bytes between cost no more than a new header.
 func encodeDelta(spans []span, page []byte) []byte {
-	slices.SortFunc(spans, func(a, b span) int { return a.lo - b.lo })
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
 	out := make([]byte, 0, 64)
 	end := 0
 	for i := 0; i < len(spans); {
-		lo, hi := spans[i].lo, spans[i].hi
-		for i++; i < len(spans) && spans[i].lo <= hi+2; i++ {
-			hi = max(hi, spans[i].hi)
+		lo, hi := int(spans[i].lo), int(spans[i].hi)
+		for i++; i < len(spans) && int(spans[i].lo) <= hi+2; i++ {
+			hi = max(hi, int(spans[i].hi))
 		}
 		out = binary.AppendUvarint(out, uint64(lo-end))
 		out = binary.AppendUvarint(out, uint64(hi-lo))

@@ -40,6 +40,10 @@ type Partition struct {
 	// MarkChanged needs even if the shared cache evicted it since.
 	last   *cachedPage
 	lastID filter.PageID
+	// lastDirty is the dirty page Page returned or MarkChanged marked last
+	// (lastDirtyID), nil after a write batch, Discard or Drop.
+	lastDirty   *dirtyPage
+	lastDirtyID filter.PageID
 	// markErr is the error of reading the log of a page marked dirty
 	// without Page; Commit returns it.
 	markErr error
@@ -49,6 +53,8 @@ type Partition struct {
 	dirtyBytes int64
 	// lastObsoleteBytes is the key bytes deleteObsolete deleted last.
 	lastObsoleteBytes int64
+	// spareSpans are range buffers of committed dirty pages, for reuse.
+	spareSpans [][]span
 	// dropped are the sub-filters dropped since the last write batch;
 	// reclaim are those committed as dropped whose pages are not yet
 	// deleted.
@@ -202,6 +208,7 @@ func (p *Partition) Checkpoint() (Checkpoint, bool) { return p.cp, p.hasCP }
 func (p *Partition) Page(id filter.PageID) ([]byte, error) {
 	if d, ok := p.dirty[id]; ok {
 		p.db.metrics.cacheHits.Inc()
+		p.lastDirty, p.lastDirtyID = d, id
 		return d.data, nil
 	}
 	if p.closed || p.db.closed.Load() {
@@ -253,7 +260,7 @@ func (p *Partition) load1(id filter.PageID) (*cachedPage, error) {
 // outside the cache and never evicted. It has no effect after Close.
 func (p *Partition) MarkDirty(id filter.PageID, page []byte) {
 	if d := p.markDirty(id, page); d != nil {
-		d.setWhole()
+		p.setWhole(d)
 		p.account(d)
 	}
 }
@@ -266,7 +273,7 @@ func (p *Partition) MarkDirty(id filter.PageID, page []byte) {
 // Close.
 func (p *Partition) MarkChanged(id filter.PageID, page []byte, off, n int) {
 	if d := p.markDirty(id, page); d != nil {
-		d.mark(off, n, p.db.opts.PageBytes)
+		p.mark(d, off, n)
 		p.account(d)
 	}
 }
@@ -277,8 +284,15 @@ func (p *Partition) markDirty(id filter.PageID, page []byte) *dirtyPage {
 	if p.closed {
 		return nil
 	}
+	// The chain marks the page it just asked for: most marks find it here
+	// without a map lookup.
+	if d := p.lastDirty; d != nil && p.lastDirtyID == id {
+		d.data = page
+		return d
+	}
 	if d, ok := p.dirty[id]; ok {
 		d.data = page
+		p.lastDirty, p.lastDirtyID = d, id
 		return d
 	}
 	d := &dirtyPage{data: page}
@@ -303,6 +317,7 @@ func (p *Partition) markDirty(id filter.PageID, page []byte) *dirtyPage {
 	// The cache holds clean pages only; this one no longer is.
 	p.db.cache.Remove(key)
 	p.last = nil
+	p.lastDirty, p.lastDirtyID = d, id
 	return d
 }
 
@@ -324,6 +339,7 @@ func (p *Partition) Drop(subFilter uint32) {
 	if p.last != nil && p.lastID.SubFilter == subFilter {
 		p.last = nil
 	}
+	p.lastDirty = nil
 	p.obsolete = slices.DeleteFunc(p.obsolete, func(o obsoleteDeltas) bool { return o.id.SubFilter == subFilter })
 	p.dropped = append(p.dropped, subFilter)
 }
@@ -343,7 +359,7 @@ func (p *Partition) DirtyPages() int { return len(p.dirty) }
 
 // account updates d's share of DirtyBytes after a change.
 func (p *Partition) account(d *dirtyPage) {
-	b := d.sizeInBatch(p.db.opts.PageBytes, len(p.prefix)+pageKeySuffix+deltaSeqBytes)
+	b := d.sizeInBatch(p.db.opts.PageBytes, p.deltaKeyBytes())
 	p.dirtyBytes += b - d.batchBytes
 	d.batchBytes = b
 }
@@ -397,9 +413,11 @@ func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
 			p.obsolete = append(p.obsolete, obsoleteDeltas{id: id, from: d.log.oldest, to: lg.baseSeq})
 		}
 		p.db.cache.Add(cacheKey{owner: p.owner, id: id}, &cachedPage{data: d.data, log: lg})
+		p.recycle(d)
 	}
 	clear(p.dirty)
 	p.dirtyBytes = 0
+	p.lastDirty = nil
 	p.meta = append([]byte{}, meta...)
 	p.cp, p.hasCP = cp, true
 	p.reclaim = append(p.reclaim, p.dropped...)
@@ -484,7 +502,7 @@ func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, map[filter.PageID
 func (p *Partition) Discard() {
 	clear(p.dirty)
 	p.dirtyBytes = 0
-	p.last, p.markErr = nil, nil
+	p.last, p.lastDirty, p.markErr = nil, nil, nil
 	p.dropped = p.dropped[:0]
 	p.dropCached()
 }
