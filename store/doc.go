@@ -82,13 +82,26 @@
 // carry over unchanged.
 //
 // Memory for uncommitted changes is proportional to the changes: a dirty
-// page keeps the runs changed since its last write batch (until they pass
-// half a page, when it is written whole anyway), beside the page bytes it
-// held before. Each clean page in the cache carries its entry count and
-// delta bytes, so a write batch chooses between delta and whole page
-// without reading Badger. Partition.DirtyBytes still counts dirty pages
-// whole, so a write batch stays within the transaction Open sized for
-// Options.FlushBytes whichever pages it writes whole.
+// page keeps the runs changed since its last write batch, a run widened
+// when a change touches the last one, beside the page bytes it held before;
+// a page bound to be rewritten whole at the next write batch (its runs, or
+// its runs and live deltas, pass half a page) drops its runs, and the
+// chain reports a page changed by a long eviction walk whole. Each clean
+// page in the cache carries its base and delta sequence numbers and delta
+// bytes, so a write batch chooses between delta and whole page without
+// reading Badger.
+//
+// Partition.DirtyBytes counts what the write batch will write: a page
+// written whole as PageBytes, a delta as an upper bound of its entry (key,
+// runs with their headers, Badger's per-entry bytes), at least Badger's
+// skiplist node size, so that counting bytes also bounds the entries (Badger
+// limits both). The caller cuts a write batch at Options.FlushBytes, so
+// batches of deltas are cut by the flush interval, not by how many pages
+// they touch.
+//
+// At rest, live deltas add up to half a page per page (about a quarter on
+// average in steady state). Partition.Consolidate folds them all into their
+// pages; with Badger's compaction the state at rest is then its page bytes.
 //
 // # Dropped sub-filters
 //
