@@ -51,23 +51,28 @@ type dirtyPage struct {
 	batchBytes int64
 }
 
-// minEntryBytes is the least a page counts in Partition.DirtyBytes: Badger's
-// skiplist node size, on which Badger bases its limit on the entries of a
-// transaction (MaxBatchCount is MaxBatchSize over it), so that counting
-// bytes bounds the entries too.
-const minEntryBytes = int64(skl.MaxNodeSize)
+// minDirtyBytes returns the least a dirty page of pageBytes counts in
+// Partition.DirtyBytes: half a page, and never less than Badger's skiplist
+// node size (on which Badger bases its limit on a transaction's entries,
+// MaxBatchSize over it) nor more than the page. Half a page keeps what a
+// write batch cut at FlushBytes holds in memory, the dirty pages outside
+// the cache, at most twice FlushBytes, and its entries at most two per
+// page of FlushBytes; a delta's own entry is far smaller.
+func minDirtyBytes(pageBytes int) int64 {
+	return min(max(int64(pageBytes/2), int64(skl.MaxNodeSize)), int64(pageBytes))
+}
 
 // sizeInBatch returns what d adds to a write batch, as Partition.DirtyBytes
 // counts it, with delta keys of keyBytes: PageBytes when Commit may write
 // it whole (the key, header and Badger's bytes of a whole page are in the
 // allowance batchLimits adds per page); for a delta, its key, at most raw
-// value bytes and Badger's per-entry bytes, at least minEntryBytes, never
+// value bytes and Badger's per-entry bytes, at least minDirtyBytes, never
 // more than PageBytes.
 func (d *dirtyPage) sizeInBatch(pageBytes, keyBytes int) int64 {
 	if d.whole || d.log.deltaBytes+keyBytes+d.raw > maxDeltaBytes(pageBytes) {
 		return int64(pageBytes)
 	}
-	return min(max(int64(keyBytes+d.raw+entryOverheadBytes), minEntryBytes), int64(pageBytes))
+	return min(max(int64(keyBytes+d.raw+entryOverheadBytes), minDirtyBytes(pageBytes)), int64(pageBytes))
 }
 
 // span is bytes [lo, hi) of a page.

@@ -125,7 +125,7 @@ func testDeltaRandomized(t *testing.T, pb int, rng *rand.Rand) {
 			current[id] = m
 		case r < 88: // write batch
 			dirtyBytes, dirtyPages := p.DirtyBytes(), int64(p.DirtyPages())
-			if least := min(int64(pb), minEntryBytes); dirtyPages*least > dirtyBytes {
+			if least := minDirtyBytes(pb); dirtyPages*least > dirtyBytes {
 				t.Fatalf("step %d: %d dirty pages count %d bytes, less than %d each", step, dirtyPages, dirtyBytes, least)
 			}
 			before := counterValue(t, db.metrics.commitBytes)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
+	"github.com/dgraph-io/badger/v4/skl"
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -116,7 +117,8 @@ type Options struct {
 	// it, that one Badger transaction must hold (default 8 MiB); the caller
 	// commits once DirtyBytes exceeds it, so a batch holds up to FlushBytes
 	// plus one page. A page written whole counts PageBytes, one written as a
-	// delta its entry, so a batch of deltas holds many more pages. Badger refuses a
+	// delta half a page or its entry if larger, so a batch holds dirty pages
+	// of at most twice FlushBytes. Badger refuses a
 	// transaction of 15% of its memtable or more, so Open raises MemTableSize
 	// above Badger's default of 64 MiB when FlushBytes needs it, and returns
 	// ErrInvalidOptions when that would exceed 1 GiB (FlushBytes above
@@ -201,7 +203,7 @@ func MaxFlushBytes(pageBytes int) int64 {
 		size, count := batchLimits(pageBytes, flushBytes)
 		mt := memTableBytes(size)
 		// Badger's MaxBatchCount is its MaxBatchSize over skl.MaxNodeSize.
-		return mt <= maxMemTableBytes && count < 15*mt/100/minEntryBytes
+		return mt <= maxMemTableBytes && count < 15*mt/100/int64(skl.MaxNodeSize)
 	}
 	lo, hi := int64(0), int64(maxMemTableBytes) // fits(lo), !fits(hi)
 	for hi-lo > 1 {
@@ -221,12 +223,12 @@ func MaxFlushBytes(pageBytes int) int64 {
 // name. DirtyBytes counts a delta entry whole and a whole page as
 // PageBytes, so the size adds, per page, a whole page's key, header and
 // Badger's per-entry bytes; it counts every entry as at least
-// minEntryBytes, which bounds the entries.
+// minDirtyBytes, which bounds the entries.
 func batchLimits(pageBytes int, flushBytes int64) (size, count int64) {
 	pb := int64(pageBytes)
 	pages := (flushBytes+pb-1)/pb + 1
 	size = pages*(pb+pageBaseHeader+maxPageKeyBytes+entryOverheadBytes) + batchReserveBytes
-	least := min(pb, minEntryBytes)
+	least := minDirtyBytes(pageBytes)
 	return size, (flushBytes+pb+least-1)/least + 3 // + meta, checkpoint, Badger's commit marker
 }
 
