@@ -435,8 +435,10 @@ func (p *Partition) wrap(r *kgo.Record, err error) error {
 	return fmt.Errorf("deciding %s/%d offset %d: %w", p.topic, p.partition, r.Offset, err)
 }
 
-// DirtyBytes is the size of the pages changed since the last Commit (with
-// Options.Staged: of the changes applied by CommitStaged).
+// DirtyBytes is the size of the write batch the changes since the last
+// Commit make (with Options.Staged: of the changes applied by
+// CommitStaged), as store.Partition.DirtyBytes counts it: at most a page per
+// page changed.
 func (p *Partition) DirtyBytes() int64 { return p.state.DirtyBytes() }
 
 // StagedBytes is the size of the pages that staged decisions (Options.Staged)

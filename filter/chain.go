@@ -542,7 +542,8 @@ func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
 		}
 		if empty >= 0 {
 			set(pg, empty, pos.sub.FingerprintBits, pos.fp)
-			c.commitPlace(pos.id, pg, target)
+			c.markSlot(pos.id, pg, empty, pos.sub.FingerprintBits)
+			c.subs[target].Items++
 			return true, nil
 		}
 		if c.placeIn(h, target, pos, pg) {
@@ -716,7 +717,8 @@ func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
 	for _, b := range [2]int{pos.b1, pos.b2} {
 		if off := c.find(pg, b, f, 0); off >= 0 {
 			set(pg, off, f, pos.fp)
-			c.commitPlace(pos.id, pg, s)
+			c.markSlot(pos.id, pg, off, f)
+			c.subs[s].Items++
 			return true
 		}
 	}
@@ -741,7 +743,16 @@ func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
 		cur = int(altLocal(uint64(cur/bb), fp, n)) * bb
 		if off := c.find(pg, cur, f, 0); off >= 0 {
 			set(pg, off, f, fp)
-			c.commitPlace(pos.id, pg, s)
+			if len(c.kicks) >= maxMarkedKicks {
+				// Slots all over the page changed: the page as a whole.
+				c.pager.MarkDirty(pos.id, pg)
+			} else {
+				for _, k := range c.kicks {
+					c.markSlot(pos.id, pg, k.slot, f)
+				}
+				c.markSlot(pos.id, pg, off, f)
+			}
+			c.subs[s].Items++
 			return true
 		}
 	}
@@ -751,9 +762,18 @@ func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
 	return false
 }
 
-func (c *Chain) commitPlace(id PageID, pg []byte, s int) {
-	c.pager.MarkDirty(id, pg)
-	c.subs[s].Items++
+// maxMarkedKicks is the length of an eviction walk from which the chain
+// reports its page changed as a whole instead of slot by slot: such a walk
+// moved fingerprints all over the page, and a store writing changed bytes
+// would write most of the page's bytes with a header each.
+const maxMarkedKicks = 16
+
+// markSlot tells the pager that the f-bit slot at bit offset off of page id
+// changed: the bytes it shares with its neighbours included, since a store
+// persists whole bytes.
+func (c *Chain) markSlot(id PageID, pg []byte, off, f int) {
+	lo := off >> 3
+	c.pager.MarkChanged(id, pg, lo, (off+f-1)>>3+1-lo)
 }
 
 // Delete removes one copy of key's fingerprint, newest sub-filter first, and
@@ -788,7 +808,7 @@ func (c *Chain) removeCopy(h uint64, s int) (bool, error) {
 		return false, nil
 	}
 	set(pg, off, f, 0)
-	c.pager.MarkDirty(pos.id, pg)
+	c.markSlot(pos.id, pg, off, f)
 	if c.subs[s].Items > 0 { // a corrupt page can hold more than Items says
 		c.subs[s].Items--
 	}

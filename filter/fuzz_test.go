@@ -103,4 +103,6 @@ func (p *fixedPager) Page(id PageID) ([]byte, error) {
 
 func (p *fixedPager) MarkDirty(PageID, []byte) {}
 
+func (p *fixedPager) MarkChanged(PageID, []byte, int, int) {}
+
 func (p *fixedPager) Drop(uint32) {}

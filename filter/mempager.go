@@ -55,6 +55,10 @@ func (m *MemPager) MarkDirty(id PageID, page []byte) {
 	m.dirty[id.SubFilter][id.Page/64] |= 1 << (id.Page % 64)
 }
 
+// MarkChanged records id as changed; MemPager keeps no finer record than the
+// page.
+func (m *MemPager) MarkChanged(id PageID, page []byte, _, _ int) { m.MarkDirty(id, page) }
+
 // Drop deletes every page of subFilter.
 func (m *MemPager) Drop(subFilter uint32) {
 	if int(subFilter) < len(m.subs) {

@@ -8,21 +8,29 @@ package filter
 //
 // The first access to a page in a round copies it (the chain modifies pages
 // in place, and the base copy must stay as committed); later accesses reuse
-// the copy. Commit copies the modified pages back into the base pages and
-// marks them dirty there; pages only read are dropped.
+// the copy. Commit copies the changed bytes back into the base pages and
+// reports them to the base Pager with MarkChanged (MarkDirty for a page
+// marked dirty as a whole), so that a store persisting changed byte ranges
+// sees the same ranges with or without staging; pages only read are
+// dropped. The ranges held are proportional to the changes of the round.
 //
 // Not safe for concurrent use.
 type Overlay struct {
-	base     Pager
-	staged   map[PageID][]byte
-	modified map[PageID]struct{}
+	base   Pager
+	staged map[PageID][]byte
+	// modified holds, per page changed this round, the byte ranges changed
+	// in the order they were reported; nil means the whole page.
+	modified map[PageID][]byteRange
 	dropped  []uint32 // sub-filters dropped this round
 	spare    [][]byte // page buffers for reuse
 }
 
+// byteRange is bytes [off, off+n) of a page.
+type byteRange struct{ off, n int }
+
 // NewOverlay returns an Overlay over base with nothing staged.
 func NewOverlay(base Pager) *Overlay {
-	return &Overlay{base: base, staged: map[PageID][]byte{}, modified: map[PageID]struct{}{}}
+	return &Overlay{base: base, staged: map[PageID][]byte{}, modified: map[PageID][]byteRange{}}
 }
 
 // Page returns the staged copy of page id, copying it from the base on first
@@ -46,10 +54,25 @@ func (o *Overlay) Page(id PageID) ([]byte, error) {
 	return cp, nil
 }
 
-// MarkDirty records that the staged copy of id was modified.
+// MarkDirty records that the staged copy of id was modified as a whole.
 func (o *Overlay) MarkDirty(id PageID, page []byte) {
 	o.staged[id] = page
-	o.modified[id] = struct{}{}
+	o.modified[id] = nil
+}
+
+// MarkChanged records that bytes [off, off+n) of the staged copy of id were
+// modified.
+func (o *Overlay) MarkChanged(id PageID, page []byte, off, n int) {
+	o.staged[id] = page
+	rs, ok := o.modified[id]
+	if ok && rs == nil {
+		return // already dirty as a whole
+	}
+	if off < 0 || n < 0 || off+n > len(page) {
+		o.modified[id] = nil
+		return
+	}
+	o.modified[id] = append(rs, byteRange{off: off, n: n})
 }
 
 // Drop forgets the staged pages of subFilter; Commit passes the drop on to
@@ -68,18 +91,26 @@ func (o *Overlay) Drop(subFilter uint32) {
 // Discard.
 func (o *Overlay) Modified() int { return len(o.modified) }
 
-// Commit writes every modified page into the base Pager (marking it dirty
-// there) and starts a new round. An error comes from the base Pager reading
-// a page; pages already applied stay applied, so the caller must treat the
-// base as unusable (a storage error stops the partition).
+// Commit writes every modified page into the base Pager (marking the changed
+// ranges there) and starts a new round. An error comes from the base Pager
+// reading a page; pages already applied stay applied, so the caller must
+// treat the base as unusable (a storage error stops the partition).
 func (o *Overlay) Commit() error {
-	for id := range o.modified {
+	for id, rs := range o.modified {
 		pg, err := o.base.Page(id)
 		if err != nil {
 			return err
 		}
-		copy(pg, o.staged[id])
-		o.base.MarkDirty(id, pg)
+		staged := o.staged[id]
+		if rs == nil {
+			copy(pg, staged)
+			o.base.MarkDirty(id, pg)
+			continue
+		}
+		for _, r := range rs {
+			copy(pg[r.off:r.off+r.n], staged[r.off:r.off+r.n])
+			o.base.MarkChanged(id, pg, r.off, r.n)
+		}
 	}
 	for _, sub := range o.dropped {
 		o.base.Drop(sub)

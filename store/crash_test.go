@@ -15,10 +15,12 @@ import (
 	"github.com/kdedup/kdedup/filter"
 )
 
-// The crash workload: one partition whose write batch k rewrites a set of
-// pages chosen by k alone, each page stamped with k, with metadata naming k
-// and checkpoint offset k. The state after batch k is therefore a function
-// of k, computed by crashModel.
+// The crash workload: one partition whose write batch k changes a set of
+// pages chosen by k alone, each page either rewritten whole stamped with k
+// or changed in a few 8-byte words stamped with k (crashApply; the store
+// writes those as deltas and consolidates pages as their deltas grow), with
+// metadata naming k and checkpoint offset k. The state after batch k is
+// therefore a function of k, computed by crashModel.
 const (
 	crashChildEnv       = "KDEDUP_STORE_CRASH_CHILD"
 	crashPageBytes      = 4096
@@ -46,16 +48,36 @@ func crashMeta(k int64) []byte {
 	return append([]byte(fmt.Sprintf("meta of batch %d:", k)), bytes.Repeat([]byte{byte(k)}, int(k%97))...)
 }
 
-// crashModel returns, for every page written by batches 1..k, the batch
-// that wrote it last.
-func crashModel(k int64) map[filter.PageID]int64 {
-	last := make(map[filter.PageID]int64)
+// crashApply applies to page the change write batch k makes to its i-th
+// page id and returns the offsets of the 8-byte words it changed, or nil
+// when it rewrote the whole page.
+func crashApply(k int64, i int, id filter.PageID, page []byte) []int {
+	rng := rand.New(rand.NewPCG(uint64(k), uint64(i)<<32|0xde17a))
+	if rng.IntN(4) == 0 {
+		copy(page, pageBytes(crashPageBytes, id, uint64(k)))
+		return nil
+	}
+	stamp := pageBytes(8, id, uint64(k))
+	offs := make([]int, 1+rng.IntN(8))
+	for j := range offs {
+		offs[j] = 8 * rng.IntN(crashPageBytes/8)
+		copy(page[offs[j]:], stamp)
+	}
+	return offs
+}
+
+// crashModel returns every page written by batches 1..k as batch k left it.
+func crashModel(k int64) map[filter.PageID][]byte {
+	pages := make(map[filter.PageID][]byte)
 	for b := int64(1); b <= k; b++ {
-		for _, id := range crashBatch(b) {
-			last[id] = b
+		for i, id := range crashBatch(b) {
+			if pages[id] == nil {
+				pages[id] = make([]byte, crashPageBytes)
+			}
+			crashApply(b, i, id, pages[id])
 		}
 	}
-	return last
+	return pages
 }
 
 // runCrashChild is the process TestCrashConsistency kills: it resumes after
@@ -76,23 +98,29 @@ func runCrashChild(dir string) int {
 		return fail(err)
 	}
 	cp, _ := p.Checkpoint()
-	last := crashModel(cp.Offset)
+	model := crashModel(cp.Offset)
 	for k := cp.Offset + 1; ; k++ {
-		for _, id := range crashBatch(k) {
+		for i, id := range crashBatch(k) {
 			page, err := p.Page(id)
 			if err != nil {
 				return fail(err)
 			}
-			want := make([]byte, crashPageBytes)
-			if b, ok := last[id]; ok {
-				want = pageBytes(crashPageBytes, id, uint64(b))
+			want := model[id]
+			if want == nil {
+				want = make([]byte, crashPageBytes)
+				model[id] = want
 			}
 			if !bytes.Equal(page, want) {
-				return fail(fmt.Errorf("batch %d: page %v is not what batch %d wrote", k, id, last[id]))
+				return fail(fmt.Errorf("batch %d: page %v is not what the batches before wrote", k, id))
 			}
-			copy(page, pageBytes(crashPageBytes, id, uint64(k)))
-			p.MarkDirty(id, page)
-			last[id] = k
+			crashApply(k, i, id, want)
+			if offs := crashApply(k, i, id, page); offs == nil {
+				p.MarkDirty(id, page)
+			} else {
+				for _, off := range offs {
+					p.MarkChanged(id, page, off, 8)
+				}
+			}
 		}
 		if _, err := fmt.Fprintln(os.Stdout, "begin", k); err != nil {
 			return fail(err)
@@ -142,8 +170,8 @@ func TestCrashConsistency(t *testing.T) {
 			t.Fatalf("round %d: checkpoint %+v (%t) after batch %d was acknowledged", round, cp, ok, acked)
 		}
 		m := newModel(crashPageBytes)
-		for id, b := range crashModel(k) {
-			m.committed[id] = pageBytes(crashPageBytes, id, uint64(b))
+		for id, page := range crashModel(k) {
+			m.committed[id] = page
 		}
 		if ok {
 			m.meta, m.cp, m.hasCP = crashMeta(k), Checkpoint{Offset: k, LeaderEpoch: int32(k % 1000)}, true

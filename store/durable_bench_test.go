@@ -460,6 +460,114 @@ func BenchmarkDurable(b *testing.B) {
 	}
 }
 
+// BenchmarkDurableRate is BenchmarkDurable at a fixed record rate instead
+// of flat out, with the default configuration (4 KiB pages, write batches
+// every second or at 8 MiB per partition): the records arrive at
+// KDEDUP_BENCH_RATE per second in total (default 50,000), in slices of a
+// hundredth of a second, so that a flush interval holds a realistic number
+// of records for the pages of KDEDUP_BENCH_KEYS keys held (default
+// 1,000,000, over KDEDUP_BENCH_PARTITIONS partitions, default 4). b.N is
+// the number of timed records: -benchtime 1000000x is 20 s at 50,000/s.
+// The metrics are BenchmarkDurable's, plus rec/s, the rate achieved (below
+// KDEDUP_BENCH_RATE when the process cannot keep up).
+//
+//	KDEDUP_BENCH_KEYS=1000000 go test -run '^$' -bench 'DurableRate' -benchtime 1000000x -timeout 60m ./store
+func BenchmarkDurableRate(b *testing.B) {
+	keys := benchEnvInt(b, "KDEDUP_BENCH_KEYS", 1_000_000)
+	partitions := benchEnvInt(b, "KDEDUP_BENCH_PARTITIONS", 4)
+	rate := benchEnvInt(b, "KDEDUP_BENCH_RATE", 50_000)
+	dir := b.TempDir()
+	r, err := newRig(dir, partitions, 4096, time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if closed {
+			return
+		}
+		if err := r.close(); err != nil {
+			b.Error(err)
+		}
+	}()
+	resetPeakRSS()
+	if err := r.feed(0, uint64(keys)); err != nil {
+		b.Fatal(err)
+	}
+	if err := r.commitAll(); err != nil {
+		b.Fatal(err)
+	}
+	fed := uint64(keys)
+	b.Run(fmt.Sprintf("keys=%d/rate=%d", keys, rate), func(b *testing.B) {
+		slice := max(uint64(rate)/100, 1)
+		batches := r.batches
+		before := sample(b)
+		for sent := uint64(0); sent < uint64(b.N); {
+			due := before.wall.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
+			if d := time.Until(due); d > 0 {
+				time.Sleep(d)
+			}
+			n := min(slice, uint64(b.N)-sent)
+			if err := r.feed(fed+sent, fed+sent+n); err != nil {
+				b.Fatal(err)
+			}
+			sent += n
+		}
+		if err := r.commitAll(); err != nil {
+			b.Fatal(err)
+		}
+		after := sample(b)
+		b.StopTimer()
+		fed += uint64(b.N)
+		n := float64(b.N)
+		b.ReportMetric(n/after.wall.Sub(before.wall).Seconds(), "rec/s")
+		b.ReportMetric(float64(after.cpu-before.cpu)/1e3/n, "cpu-us/rec")
+		b.ReportMetric(float64(after.user-before.user)/n, "user-B/rec")
+		b.ReportMetric(float64(after.compaction-before.compaction)/n, "compact-B/rec")
+		if before.diskWrite >= 0 {
+			b.ReportMetric(float64(after.diskWrite-before.diskWrite)/n, "disk-B/rec")
+		}
+		b.ReportMetric(float64(r.batches-batches)/after.wall.Sub(before.wall).Seconds(), "batches/s")
+		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+	})
+	if os.Getenv("KDEDUP_BENCH_AT_REST") == "" {
+		return
+	}
+	// KDEDUP_BENCH_AT_REST=1 also measures the state at rest (untimed):
+	// rest-bits/key as the run left it (deltas included), then
+	// consolidated-bits/key after Partition.Consolidate, both after
+	// Badger's compaction (measureAtRest's latest copy), beside
+	// page-bits/key, the page bytes the filters hold; logged.
+	items, _, pageBytes := r.stats()
+	closed = true
+	if err := r.close(); err != nil {
+		b.Fatal(err)
+	}
+	keys64 := float64(items)
+	rest := float64(measureAtRest(b, dir, b.TempDir(), options.None).latest*8) / keys64
+	db, err := store.Open(store.Options{Dir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for p := range partitions {
+		sp, err := db.Partition("events", int32(p))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := sp.Consolidate(); err != nil {
+			b.Fatal(err)
+		}
+		sp.Close()
+	}
+	if err := db.Close(); err != nil {
+		b.Fatal(err)
+	}
+	consolidated := float64(measureAtRest(b, dir, b.TempDir(), options.None).latest*8) / keys64
+	// A parent benchmark prints no metrics of its own, hence the log line.
+	b.Logf("at rest: %.0f keys, page-bits/key %.2f, rest-bits/key %.2f, consolidated-bits/key %.2f",
+		keys64, float64(pageBytes*8)/keys64, rest, consolidated)
+}
+
 // BenchmarkKeySetAtRest compares the space two stores need for the same
 // b.N keys (run it with -benchtime 10000000x for ten million):
 //
@@ -510,6 +618,11 @@ func BenchmarkKeySetAtRest(b *testing.B) {
 				b.Fatal(err)
 			}
 			raw := sp.Meta()
+			// At rest means compacted: the deltas folded into their pages,
+			// then Badger's compaction (measureAtRest).
+			if err := sp.Consolidate(); err != nil {
+				b.Fatal(err)
+			}
 			sp.Close()
 			if raw == nil {
 				continue // no record reached this partition

@@ -9,13 +9,13 @@ import (
 
 // Key layout; see the package comment. Every integer is big-endian.
 const (
-	layoutVersion uint32 = 1
+	layoutVersion uint32 = 2
 
 	tagLayout     byte = 'v' // DB-wide: uint32 layout version
 	tagPartition  byte = 't' // 't' | uint16 len(topic) | topic | int32 partition
 	tagMeta       byte = 'm' // after a partition prefix: chain metadata
 	tagCheckpoint byte = 'c' // after a partition prefix: int64 offset | int32 leader epoch
-	tagPage       byte = 'p' // after a partition prefix: uint32 sub-filter | uint32 page
+	tagPage       byte = 'p' // after a partition prefix: uint32 sub-filter | uint32 page [| uint32 delta sequence]
 	tagDropped    byte = 'd' // after a partition prefix: uint32 sub-filter whose pages are to be deleted
 
 	// maxTopicBytes is Kafka's limit on a topic name (Topic.MAX_NAME_LENGTH
@@ -27,6 +27,13 @@ const (
 	pageKeySuffix   = 1 + 4 + 4
 	// maxPageKeyBytes is the longest page key any partition can produce.
 	maxPageKeyBytes = 1 + 2 + maxTopicBytes + 4 + pageKeySuffix
+	// deltaSeqBytes is the sequence number a delta key adds to its page key.
+	deltaSeqBytes = 4
+	// maxDeltaKeyBytes is the longest delta key.
+	maxDeltaKeyBytes = maxPageKeyBytes + deltaSeqBytes
+	// pageBaseHeader is the uint32 before the page bytes of a base entry:
+	// the last delta sequence number folded into it.
+	pageBaseHeader = 4
 )
 
 // layoutKey is the single DB-wide key holding the layout version.
@@ -76,6 +83,13 @@ func pageKey(prefix []byte, id filter.PageID) []byte {
 	k = append(k, tagPage)
 	k = binary.BigEndian.AppendUint32(k, id.SubFilter)
 	return binary.BigEndian.AppendUint32(k, id.Page)
+}
+
+// deltaKey is the key of delta seq of page id: the page key followed by
+// seq, so that a page's base and deltas share one prefix and iterate base
+// first, then deltas in sequence order.
+func deltaKey(prefix []byte, id filter.PageID, seq uint32) []byte {
+	return binary.BigEndian.AppendUint32(pageKey(prefix, id), seq)
 }
 
 // subFilterPagesPrefix is the prefix of every page key of one sub-filter.

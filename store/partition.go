@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -34,7 +35,26 @@ type Partition struct {
 	tp     TopicPartition
 	prefix []byte
 	owner  uint64 // namespace of this Partition's entries in the DB's page cache
-	dirty  map[filter.PageID][]byte
+	dirty  map[filter.PageID]*dirtyPage
+	// last is the clean page Page returned last (lastID), whose log
+	// MarkChanged needs even if the shared cache evicted it since.
+	last   *cachedPage
+	lastID filter.PageID
+	// lastDirty is the dirty page Page returned or MarkChanged marked last
+	// (lastDirtyID), nil after a write batch, Discard or Drop.
+	lastDirty   *dirtyPage
+	lastDirtyID filter.PageID
+	// markErr is the error of reading the log of a page marked dirty
+	// without Page; Commit returns it.
+	markErr error
+	// obsolete are delta entries folded into a committed base, to delete.
+	obsolete []obsoleteDeltas
+	// dirtyBytes is the sum of the dirty pages' batchBytes.
+	dirtyBytes int64
+	// lastObsoleteBytes is the key bytes deleteObsolete deleted last.
+	lastObsoleteBytes int64
+	// spareSpans are range buffers of committed dirty pages, for reuse.
+	spareSpans [][]span
 	// dropped are the sub-filters dropped since the last write batch;
 	// reclaim are those committed as dropped whose pages are not yet
 	// deleted.
@@ -178,66 +198,127 @@ func (p *Partition) Meta() []byte { return p.meta }
 func (p *Partition) Checkpoint() (Checkpoint, bool) { return p.cp, p.hasCP }
 
 // Page returns page id, PageBytes long: the dirty copy if there is one, else
-// the cached or stored clean page; a page never written reads as zeros. The
-// caller may modify the page in place and must then call MarkDirty before
-// its next call to Page, since an unmarked clean page can be evicted from
-// the cache (and its changes lost) at any time. A stored page of the wrong
-// length returns ErrCorrupt; after Close, ErrClosed.
+// the cached or stored clean page (its base with its deltas applied); a page
+// never written reads as zeros. The caller may modify the page in place and
+// must then call MarkChanged or MarkDirty before its next call to Page,
+// since an unmarked clean page can be evicted from the cache (and its
+// changes lost) at any time. A stored entry that cannot be right (a base of
+// the wrong length, a delta out of the page or out of sequence) returns
+// ErrCorrupt; after Close, ErrClosed.
 func (p *Partition) Page(id filter.PageID) ([]byte, error) {
-	if page, ok := p.dirty[id]; ok {
+	if d, ok := p.dirty[id]; ok {
 		p.db.metrics.cacheHits.Inc()
-		return page, nil
+		p.lastDirty, p.lastDirtyID = d, id
+		return d.data, nil
 	}
 	if p.closed || p.db.closed.Load() {
 		return nil, fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, ErrClosed)
 	}
 	key := cacheKey{owner: p.owner, id: id}
-	if page, ok := p.db.cache.Get(key); ok {
+	if c, ok := p.db.cache.Get(key); ok {
 		p.db.metrics.cacheHits.Inc()
-		return page, nil
+		p.last, p.lastID = c, id
+		return c.data, nil
 	}
 	p.db.metrics.cacheMisses.Inc()
-	var page []byte
+	c, err := p.load1(id)
+	if err != nil {
+		return nil, err
+	}
+	p.db.cache.Add(key, c)
+	p.last, p.lastID = c, id
+	return c.data, nil
+}
+
+// load1 reads page id and its log from Badger.
+func (p *Partition) load1(id filter.PageID) (*cachedPage, error) {
+	var c cachedPage
 	var found bool
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
 		var err error
-		page, found, err = get(txn, pageKey(p.prefix, id))
+		c.data, c.log, found, err = p.readPage(txn, id)
 		return err
 	})
-	if err != nil {
-		if isChecksumError(err) {
-			return nil, p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w",
-				fmtPageID(id), p.tp, corruptError(p.db.where, err.Error())))
-		}
+	switch {
+	case errors.Is(err, errBadEntry):
+		return nil, p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp,
+			corruptError(p.db.where, err.Error())))
+	case err != nil && isChecksumError(err):
+		return nil, p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w",
+			fmtPageID(id), p.tp, corruptError(p.db.where, err.Error())))
+	case err != nil:
 		return nil, fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, err)
 	}
-	if !found {
-		page = make([]byte, p.db.opts.PageBytes)
-	} else {
+	if found {
 		p.db.metrics.pageReads.Inc()
-		if len(page) != p.db.opts.PageBytes {
-			return nil, p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp,
-				corruptError(p.db.where, fmt.Sprintf("stored page is %d bytes, want %d", len(page), p.db.opts.PageBytes))))
-		}
 	}
-	p.db.cache.Add(key, page)
-	return page, nil
+	return &c, nil
 }
 
-// MarkDirty records that page, the slice Page returned for id, was modified;
-// the next Commit persists it. Until then it is held outside the cache and
-// never evicted. It has no effect after Close.
+// MarkDirty records that page, the slice Page returned for id, was modified
+// as a whole; the next Commit persists it whole. Until then it is held
+// outside the cache and never evicted. It has no effect after Close.
 func (p *Partition) MarkDirty(id filter.PageID, page []byte) {
+	if d := p.markDirty(id, page); d != nil {
+		p.setWhole(d)
+		p.account(d)
+	}
+}
+
+// MarkChanged records that bytes [off, off+n) of page, the slice Page
+// returned for id, were modified; the next Commit persists the changed
+// bytes of the page as a delta, or the whole page (see the package
+// comment). A range outside the page counts as MarkDirty. Until then the
+// page is held outside the cache and never evicted. It has no effect after
+// Close.
+func (p *Partition) MarkChanged(id filter.PageID, page []byte, off, n int) {
+	if d := p.markDirty(id, page); d != nil {
+		p.mark(d, off, n)
+		p.account(d)
+	}
+}
+
+// markDirty returns the dirty record of id, creating it from the page's
+// clean record, or nil after Close.
+func (p *Partition) markDirty(id filter.PageID, page []byte) *dirtyPage {
 	if p.closed {
-		return
+		return nil
 	}
-	if _, ok := p.dirty[id]; ok {
-		p.dirty[id] = page
-		return // not in the cache since it became dirty
+	// The chain marks the page it just asked for: most marks find it here
+	// without a map lookup.
+	if d := p.lastDirty; d != nil && p.lastDirtyID == id {
+		d.data = page
+		return d
 	}
-	p.dirty[id] = page
+	if d, ok := p.dirty[id]; ok {
+		d.data = page
+		p.lastDirty, p.lastDirtyID = d, id
+		return d
+	}
+	d := &dirtyPage{data: page}
+	key := cacheKey{owner: p.owner, id: id}
+	// The page's log comes from the record Page returned. Another Partition
+	// sharing the cache may have evicted it since, hence p.last.
+	switch c, ok := p.db.cache.Peek(key); {
+	case p.last != nil && p.lastID == id:
+		d.log = p.last.log
+	case ok:
+		d.log = c.log
+	default:
+		// Marked without a Page call first: the log must come from Badger.
+		c, err := p.load1(id)
+		if err != nil {
+			p.markErr = errors.Join(p.markErr, err)
+		} else {
+			d.log = c.log
+		}
+	}
+	p.dirty[id] = d
 	// The cache holds clean pages only; this one no longer is.
-	p.db.cache.Remove(cacheKey{owner: p.owner, id: id})
+	p.db.cache.Remove(key)
+	p.last = nil
+	p.lastDirty, p.lastDirtyID = d, id
+	return d
 }
 
 // Drop implements filter.Pager: the sub-filter's dirty pages are forgotten,
@@ -249,21 +330,43 @@ func (p *Partition) Drop(subFilter uint32) {
 	if p.closed {
 		return
 	}
-	for id := range p.dirty {
+	for id, d := range p.dirty {
 		if id.SubFilter == subFilter {
+			p.dirtyBytes -= d.batchBytes
 			delete(p.dirty, id)
 		}
 	}
+	if p.last != nil && p.lastID.SubFilter == subFilter {
+		p.last = nil
+	}
+	p.lastDirty = nil
+	p.obsolete = slices.DeleteFunc(p.obsolete, func(o obsoleteDeltas) bool { return o.id.SubFilter == subFilter })
 	p.dropped = append(p.dropped, subFilter)
 }
 
-// DirtyBytes returns the bytes of pages marked dirty since the last
-// successful Commit (or Discard).
-func (p *Partition) DirtyBytes() int64 {
-	return int64(len(p.dirty)) * int64(p.db.opts.PageBytes)
+// DirtyBytes returns the size of the write batch the changes since the last
+// successful Commit (or Discard) make: PageBytes for a page written whole,
+// and for a page written as a delta an upper bound of the delta entry's
+// key, value and Badger's per-entry bytes, at least half a page
+// (minDirtyBytes). A page counts at most PageBytes, so that a write batch
+// cut when DirtyBytes reaches Options.FlushBytes stays within the Badger
+// transaction Open sized for it, and at least half of it, so that the dirty
+// pages it holds take at most twice FlushBytes.
+func (p *Partition) DirtyBytes() int64 { return p.dirtyBytes }
+
+// DirtyPages returns the number of pages changed since the last successful
+// Commit (or Discard).
+func (p *Partition) DirtyPages() int { return len(p.dirty) }
+
+// account updates d's share of DirtyBytes after a change.
+func (p *Partition) account(d *dirtyPage) {
+	b := d.sizeInBatch(p.db.opts.PageBytes, p.deltaKeyBytes())
+	p.dirtyBytes += b - d.batchBytes
+	d.batchBytes = b
 }
 
-// Commit writes a write batch in one Badger transaction: every dirty page,
+// Commit writes a write batch in one Badger transaction: every dirty page
+// (as a delta of its changed bytes, or whole; see the package comment),
 // meta as the chain metadata and cp as the checkpoint. On success the dirty
 // pages become clean cached pages and Meta and Checkpoint return meta and
 // cp. On error nothing changes in memory: the dirty pages stay dirty, Meta
@@ -273,8 +376,8 @@ func (p *Partition) DirtyBytes() int64 {
 // memtable flushes and a compaction need (checked before Badger writes
 // anything), ErrBatchTooBig when the batch exceeds Badger's transaction
 // limit (the caller let DirtyBytes grow past FlushBytes), ErrCorrupt when a
-// dirty page is not PageBytes long, ErrReadOnly, ErrClosed, or Badger's
-// error.
+// dirty page is not PageBytes long, ErrReadOnly, ErrClosed, the error of
+// reading a page marked without Page, or Badger's error.
 func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
 	if p.closed || p.db.closed.Load() {
 		return fmt.Errorf("store: committing a write batch of %s: %w", p.tp, ErrClosed)
@@ -285,10 +388,16 @@ func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
 	start := time.Now()
 	// Checked before Badger sees the batch: Badger writes through memory
 	// maps, and a write the filesystem has no room for kills the process.
-	err := p.db.checkFreeSpace()
-	var written int64
+	err := p.markErr
 	if err == nil {
-		written, err = p.commit(meta, cp)
+		err = p.db.checkFreeSpace()
+	}
+	var (
+		written int64
+		logs    map[filter.PageID]pageLog
+	)
+	if err == nil {
+		written, logs, err = p.commit(meta, cp)
 	}
 	if err != nil {
 		p.db.metrics.commitErrors.Inc()
@@ -299,21 +408,29 @@ func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
 	p.db.metrics.commitBytes.Add(float64(written))
 	p.db.metrics.commits.Inc()
 
-	for id, page := range p.dirty {
-		p.db.cache.Add(cacheKey{owner: p.owner, id: id}, page)
+	for id, d := range p.dirty {
+		lg := logs[id]
+		if d.log.oldest != 0 && lg.oldest == 0 {
+			p.obsolete = append(p.obsolete, obsoleteDeltas{id: id, from: d.log.oldest, to: lg.baseSeq})
+		}
+		p.db.cache.Add(cacheKey{owner: p.owner, id: id}, &cachedPage{data: d.data, log: lg})
+		p.recycle(d)
 	}
 	clear(p.dirty)
+	p.dirtyBytes = 0
+	p.lastDirty = nil
 	p.meta = append([]byte{}, meta...)
 	p.cp, p.hasCP = cp, true
 	p.reclaim = append(p.reclaim, p.dropped...)
 	p.dropped = p.dropped[:0]
 	p.deleteDropped()
+	p.deleteObsolete()
 	return nil
 }
 
 // commit stages and commits the transaction and returns the key and value
-// bytes it wrote.
-func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, error) {
+// bytes it wrote and the log of every dirty page once it is committed.
+func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, map[filter.PageID]pageLog, error) {
 	txn := p.db.bdb.NewTransaction(true)
 	defer txn.Discard()
 	var written int64
@@ -326,34 +443,58 @@ func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, error) {
 		}
 		return err
 	}
-	for id, page := range p.dirty {
-		if len(page) != p.db.opts.PageBytes {
-			return 0, fmt.Errorf("dirty %s is %d bytes, want %d: %w", fmtPageID(id), len(page), p.db.opts.PageBytes, ErrCorrupt)
+	pb := p.db.opts.PageBytes
+	logs := make(map[filter.PageID]pageLog, len(p.dirty))
+	for id, d := range p.dirty {
+		if len(d.data) != pb {
+			return 0, nil, fmt.Errorf("dirty %s is %d bytes, want %d: %w", fmtPageID(id), len(d.data), pb, ErrCorrupt)
 		}
-		if err := set(pageKey(p.prefix, id), page); err != nil {
-			return 0, err
+		lg := d.log
+		if !d.whole {
+			v := encodeDelta(d.spans, d.data)
+			k := deltaKey(p.prefix, id, lg.lastSeq+1)
+			if cost := len(k) + len(v); lg.deltaBytes+cost <= maxDeltaBytes(pb) && len(v) < pb {
+				if err := set(k, v); err != nil {
+					return 0, nil, err
+				}
+				lg.lastSeq++
+				lg.deltaBytes += cost
+				if lg.oldest == 0 {
+					lg.oldest = lg.lastSeq
+				}
+				logs[id] = lg
+				continue
+			}
 		}
+		// Consolidation: the base takes every delta written so far, which
+		// become obsolete (deleted once this batch is durable).
+		base := make([]byte, pageBaseHeader, pageBaseHeader+pb)
+		binary.BigEndian.PutUint32(base, lg.lastSeq)
+		if err := set(pageKey(p.prefix, id), append(base, d.data...)); err != nil {
+			return 0, nil, err
+		}
+		logs[id] = pageLog{baseSeq: lg.lastSeq, lastSeq: lg.lastSeq}
 	}
 	for _, sub := range p.dropped {
 		if err := set(droppedKey(p.prefix, sub), nil); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 	}
 	if err := set(metaKey(p.prefix), meta); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if err := set(checkpointKey(p.prefix), encodeCheckpoint(cp)); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if hook := p.db.tuning.beforeTxnCommit; hook != nil {
 		if err := hook(p.tp); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 	}
 	if err := txn.Commit(); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return written, nil
+	return written, logs, nil
 }
 
 // Discard drops the dirty pages and this partition's cached pages, in
@@ -361,6 +502,8 @@ func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, error) {
 // Use it when the partition is lost or its uncommitted changes are void.
 func (p *Partition) Discard() {
 	clear(p.dirty)
+	p.dirtyBytes = 0
+	p.last, p.lastDirty, p.markErr = nil, nil, nil
 	p.dropped = p.dropped[:0]
 	p.dropCached()
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
+	"github.com/dgraph-io/badger/v4/skl"
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -48,6 +49,9 @@ var (
 	// ErrPartitionOpen is returned by Partition when the topic-partition
 	// already has an open Partition on this DB.
 	ErrPartitionOpen = errors.New("store: partition already open")
+	// ErrDirty is returned by Partition.Consolidate when the partition has
+	// uncommitted changes.
+	ErrDirty = errors.New("store: uncommitted changes")
 	// ErrBatchTooBig is returned by Commit when the write batch exceeds
 	// Badger's transaction limit (see Options.FlushBytes).
 	ErrBatchTooBig = errors.New("store: write batch exceeds the transaction limit")
@@ -109,9 +113,12 @@ type Options struct {
 	// CacheBytes/PageBytes pages (at least one), least recently used evicted
 	// first. Dirty pages are not counted: they are bounded by FlushBytes.
 	CacheBytes int64
-	// FlushBytes is the largest set of dirty pages one write batch must hold
-	// (default 8 MiB); the caller commits once DirtyBytes exceeds it, so a
-	// batch holds up to FlushBytes plus one page. Badger refuses a
+	// FlushBytes is the largest write batch, as Partition.DirtyBytes counts
+	// it, that one Badger transaction must hold (default 8 MiB); the caller
+	// commits once DirtyBytes exceeds it, so a batch holds up to FlushBytes
+	// plus one page. A page written whole counts PageBytes, one written as a
+	// delta half a page or its entry if larger, so a batch holds dirty pages
+	// of at most twice FlushBytes. Badger refuses a
 	// transaction of 15% of its memtable or more, so Open raises MemTableSize
 	// above Badger's default of 64 MiB when FlushBytes needs it, and returns
 	// ErrInvalidOptions when that would exceed 1 GiB (FlushBytes above
@@ -193,8 +200,10 @@ func MaxFlushBytes(pageBytes int) int64 {
 		return 0
 	}
 	fits := func(flushBytes int64) bool {
-		size, _ := batchLimits(pageBytes, flushBytes)
-		return memTableBytes(size) <= maxMemTableBytes
+		size, count := batchLimits(pageBytes, flushBytes)
+		mt := memTableBytes(size)
+		// Badger's MaxBatchCount is its MaxBatchSize over skl.MaxNodeSize.
+		return mt <= maxMemTableBytes && count < 15*mt/100/int64(skl.MaxNodeSize)
 	}
 	lo, hi := int64(0), int64(maxMemTableBytes) // fits(lo), !fits(hi)
 	for hi-lo > 1 {
@@ -210,12 +219,17 @@ func MaxFlushBytes(pageBytes int) int64 {
 
 // batchLimits returns the largest Badger transaction, in Badger's own size
 // estimate and entry count, that a write batch of FlushBytes plus one page
-// can produce for the longest topic name.
+// (as Partition.DirtyBytes counts it) can produce for the longest topic
+// name. DirtyBytes counts a delta entry whole and a whole page as
+// PageBytes, so the size adds, per page, a whole page's key, header and
+// Badger's per-entry bytes; it counts every entry as at least
+// minDirtyBytes, which bounds the entries.
 func batchLimits(pageBytes int, flushBytes int64) (size, count int64) {
 	pb := int64(pageBytes)
 	pages := (flushBytes+pb-1)/pb + 1
-	size = pages*(pb+maxPageKeyBytes+entryOverheadBytes) + batchReserveBytes
-	return size, pages + 3 // + meta, checkpoint, Badger's commit marker
+	size = pages*(pb+pageBaseHeader+maxPageKeyBytes+entryOverheadBytes) + batchReserveBytes
+	least := minDirtyBytes(pageBytes)
+	return size, (flushBytes+pb+least-1)/least + 3 // + meta, checkpoint, Badger's commit marker
 }
 
 // memTableBytes returns the Badger MemTableSize whose transaction limit
@@ -255,7 +269,7 @@ type DB struct {
 
 	// cache holds clean pages of every Partition, keyed by the Partition's
 	// owner number so that a closed Partition's pages are never seen again.
-	cache     *lru.Cache[cacheKey, []byte]
+	cache     *lru.Cache[cacheKey, *cachedPage]
 	nextOwner atomic.Uint64
 
 	// batchSize and batchCount are the transaction a full write batch needs.
@@ -320,7 +334,7 @@ func open(opts Options, tn tuning) (*DB, error) {
 	}
 	db.batchSize, db.batchCount = batchLimits(opts.PageBytes, opts.FlushBytes)
 	db.memTable = memTableBytes(db.batchSize)
-	cache, err := lru.New[cacheKey, []byte](int(max(opts.CacheBytes/int64(opts.PageBytes), 1)))
+	cache, err := lru.New[cacheKey, *cachedPage](int(max(opts.CacheBytes/int64(opts.PageBytes), 1)))
 	if err != nil {
 		return nil, fmt.Errorf("store: creating the page cache: %w", err)
 	}
@@ -545,7 +559,7 @@ func (db *DB) Partition(topic string, partition int32) (*Partition, error) {
 		tp:     tp,
 		prefix: partitionPrefix(topic, partition),
 		owner:  db.nextOwner.Add(1),
-		dirty:  make(map[filter.PageID][]byte),
+		dirty:  make(map[filter.PageID]*dirtyPage),
 	}
 	if err := p.load(); err != nil {
 		return nil, err

@@ -329,7 +329,7 @@ func TestCorruptPageLength(t *testing.T) {
 	for _, n := range []int{0, pb - 1, pb + 1} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			err := db.bdb.Update(func(txn *badger.Txn) error {
-				return txn.Set(pageKey(partitionPrefix("orders", 4), id), make([]byte, n))
+				return txn.Set(pageKey(partitionPrefix("orders", 4), id), make([]byte, pageBaseHeader+n))
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -397,10 +397,11 @@ func TestLayoutVersion(t *testing.T) {
 		got = v
 		return err
 	})
-	if err != nil || !bytes.Equal(got, []byte{0, 0, 0, 1}) {
-		t.Fatalf("layout version of a new store = %x, %v; want 00000001", got, err)
+	if err != nil || !bytes.Equal(got, []byte{0, 0, 0, 2}) {
+		t.Fatalf("layout version of a new store = %x, %v; want 00000002", got, err)
 	}
-	if err := db.bdb.Update(func(txn *badger.Txn) error { return txn.Set(layoutKey, []byte{0, 0, 0, 2}) }); err != nil {
+	// Version 1 stored every page whole, without the base header.
+	if err := db.bdb.Update(func(txn *badger.Txn) error { return txn.Set(layoutKey, []byte{0, 0, 0, 1}) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Close(); err != nil {
@@ -409,10 +410,10 @@ func TestLayoutVersion(t *testing.T) {
 	db, err = Open(Options{Dir: dir, Logger: quiet})
 	if err == nil {
 		db.Close()
-		t.Fatal("Open of a version-2 store succeeded")
+		t.Fatal("Open of a version-1 store succeeded")
 	}
-	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "layout version 2") || !strings.Contains(err.Error(), "version 1") {
-		t.Errorf("Open of a version-2 store: %v; want ErrCorrupt naming versions 2 and 1", err)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "layout version 1 on disk, this build reads version 2") {
+		t.Errorf("Open of a version-1 store: %v; want ErrCorrupt naming versions 1 and 2", err)
 	}
 
 	// State without a version is refused too.
@@ -770,8 +771,8 @@ func TestMetrics(t *testing.T) {
 		{"hits", m.cacheHits, 1},
 		{"misses", m.cacheMisses, 3},
 		{"page reads", m.pageReads, 1},
-		// page key 22 + 8, meta key 14 + 4, checkpoint key 14 + 12
-		{"commit bytes", m.commitBytes, 74},
+		// page key 22 + base header 4 + 8, meta key 14 + 4, checkpoint key 14 + 12
+		{"commit bytes", m.commitBytes, 78},
 	} {
 		var got dto.Metric
 		if err := c.c.Write(&got); err != nil {

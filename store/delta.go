@@ -1,0 +1,352 @@
+package store
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"slices"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/skl"
+
+	"github.com/kdedup/kdedup/filter"
+)
+
+// A page is stored as a base entry and a run of delta entries under one key
+// prefix (see the package comment). pageLog is what a Partition knows of a
+// page's stored entries; it travels with the page in memory so that a
+// write batch can choose between a delta and a whole page without reading
+// Badger.
+type pageLog struct {
+	// baseSeq is the last delta folded into the stored base (0 without a
+	// base); deltas at or below it are obsolete.
+	baseSeq uint32
+	// lastSeq is the newest delta written, or baseSeq if none since.
+	lastSeq uint32
+	// oldest is the lowest sequence number of a delta entry still stored,
+	// live or obsolete, and 0 when none is known to be.
+	oldest uint32
+	// deltaBytes is the key and value bytes of the live deltas.
+	deltaBytes int
+}
+
+// cachedPage is a clean page in the DB's cache, or the one a Partition last
+// read.
+type cachedPage struct {
+	data []byte
+	log  pageLog
+}
+
+// dirtyPage is a page changed since the last write batch: its bytes, its
+// stored entries and the byte ranges changed since (nil with whole).
+type dirtyPage struct {
+	data  []byte
+	log   pageLog
+	spans []span
+	raw   int // bytes the spans would encode to at most
+	whole bool
+	// batchBytes is the page's share of Partition.DirtyBytes.
+	batchBytes int64
+}
+
+// minDirtyBytes returns the least a dirty page of pageBytes counts in
+// Partition.DirtyBytes: half a page, and never less than Badger's skiplist
+// node size (on which Badger bases its limit on a transaction's entries,
+// MaxBatchSize over it) nor more than the page. Half a page keeps what a
+// write batch cut at FlushBytes holds in memory, the dirty pages outside
+// the cache, at most twice FlushBytes, and its entries at most two per
+// page of FlushBytes; a delta's own entry is far smaller.
+func minDirtyBytes(pageBytes int) int64 {
+	return min(max(int64(pageBytes/2), int64(skl.MaxNodeSize)), int64(pageBytes))
+}
+
+// sizeInBatch returns what d adds to a write batch, as Partition.DirtyBytes
+// counts it, with delta keys of keyBytes: PageBytes when Commit may write
+// it whole (the key, header and Badger's bytes of a whole page are in the
+// allowance batchLimits adds per page); for a delta, its key, at most raw
+// value bytes and Badger's per-entry bytes, at least minDirtyBytes, never
+// more than PageBytes.
+func (d *dirtyPage) sizeInBatch(pageBytes, keyBytes int) int64 {
+	if d.whole || d.log.deltaBytes+keyBytes+d.raw > maxDeltaBytes(pageBytes) {
+		return int64(pageBytes)
+	}
+	return min(max(int64(keyBytes+d.raw+entryOverheadBytes), minDirtyBytes(pageBytes)), int64(pageBytes))
+}
+
+// span is bytes [lo, hi) of a page.
+type span struct{ lo, hi uint32 }
+
+// runHeaderBytes is the most the two uvarints (gap and length, each at most
+// pageBytes) of a run of a delta take, so that a delta value is never
+// longer than the raw bytes counted for it.
+func runHeaderBytes(pageBytes int) int { return 2 * ((bits.Len(uint(pageBytes)) + 6) / 7) }
+
+// maxDeltaBytes is how many key and value bytes of live deltas a page of
+// pageBytes may have before the next write batch rewrites it whole: half a
+// page. A page is thus rewritten after at least half a page of deltas, so a
+// change costs at most three times its delta bytes, amortized, and a read
+// on a cache miss reads at most 1.5 pages (see the package comment).
+func maxDeltaBytes(pageBytes int) int { return pageBytes / 2 }
+
+// mark records bytes [off, off+n) of d as changed. A page whose delta
+// would be rewritten whole at the next write batch (its change, or its
+// change and its live deltas, pass maxDeltaBytes) stops tracking ranges.
+func (p *Partition) mark(d *dirtyPage, off, n int) {
+	if d.whole {
+		return
+	}
+	pb := p.db.opts.PageBytes
+	if off < 0 || n <= 0 || off+n > pb {
+		p.setWhole(d)
+		return
+	}
+	lo, hi := uint32(off), uint32(off+n)
+	if k := len(d.spans) - 1; k >= 0 && lo <= d.spans[k].hi && hi >= d.spans[k].lo {
+		// Overlapping or touching the last range (a slot written again, or
+		// its neighbour): widen it.
+		last := &d.spans[k]
+		grown := int(max(hi, last.hi)-min(lo, last.lo)) - int(last.hi-last.lo)
+		last.lo, last.hi = min(lo, last.lo), max(hi, last.hi)
+		d.raw += grown
+	} else {
+		if d.spans == nil && len(p.spareSpans) > 0 {
+			d.spans, p.spareSpans = p.spareSpans[len(p.spareSpans)-1], p.spareSpans[:len(p.spareSpans)-1]
+		}
+		d.spans = append(d.spans, span{lo: lo, hi: hi})
+		d.raw += n + runHeaderBytes(pb)
+	}
+	if d.log.deltaBytes+p.deltaKeyBytes()+d.raw > maxDeltaBytes(pb) {
+		p.setWhole(d) // the next write batch writes it whole
+	}
+}
+
+// setWhole makes d a page written whole, its ranges kept for reuse.
+func (p *Partition) setWhole(d *dirtyPage) {
+	p.recycle(d)
+	d.whole = true
+}
+
+// recycle keeps d's range buffer for another dirty page.
+func (p *Partition) recycle(d *dirtyPage) {
+	if d.spans != nil && len(p.spareSpans) < maxSpareSpans {
+		p.spareSpans = append(p.spareSpans, d.spans[:0])
+	}
+	d.spans, d.raw = nil, 0
+}
+
+// maxSpareSpans bounds the range buffers a Partition keeps for reuse.
+const maxSpareSpans = 4096
+
+// deltaKeyBytes is the length of p's delta keys.
+func (p *Partition) deltaKeyBytes() int { return len(p.prefix) + pageKeySuffix + deltaSeqBytes }
+
+// encodeDelta returns the delta value of the spans of page: for each run of
+// changed bytes in increasing order, uvarint(gap from the end of the
+// previous run) | uvarint(length) | bytes. Spans closer than a run header
+// are merged, since the bytes between cost no more than a new header.
+func encodeDelta(spans []span, page []byte) []byte {
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+	out := make([]byte, 0, 64)
+	end := 0
+	for i := 0; i < len(spans); {
+		lo, hi := int(spans[i].lo), int(spans[i].hi)
+		for i++; i < len(spans) && int(spans[i].lo) <= hi+2; i++ {
+			hi = max(hi, int(spans[i].hi))
+		}
+		out = binary.AppendUvarint(out, uint64(lo-end))
+		out = binary.AppendUvarint(out, uint64(hi-lo))
+		out = append(out, page[lo:hi]...)
+		end = hi
+	}
+	return out
+}
+
+// applyDelta applies the delta value v to page.
+func applyDelta(page, v []byte) error {
+	end := 0
+	for len(v) > 0 {
+		gap, n1 := binary.Uvarint(v)
+		if n1 <= 0 {
+			return fmt.Errorf("delta run offset is not a uvarint")
+		}
+		length, n2 := binary.Uvarint(v[n1:])
+		if n2 <= 0 {
+			return fmt.Errorf("delta run length is not a uvarint")
+		}
+		v = v[n1+n2:]
+		if gap > uint64(len(page)) || length > uint64(len(v)) || uint64(end)+gap+length > uint64(len(page)) {
+			return fmt.Errorf("delta run of %d bytes at %d+%d outside a %d-byte page or its %d-byte value",
+				length, end, gap, len(page), len(v))
+		}
+		lo := end + int(gap)
+		end = lo + copy(page[lo:lo+int(length)], v[:length])
+		v = v[length:]
+	}
+	return nil
+}
+
+// readPage reads page id from txn: its base (zeros without one) with its
+// live deltas applied in sequence order, and its log. found reports whether
+// any entry of the page is stored. Errors wrap ErrCorrupt for entries that
+// cannot be right.
+func (p *Partition) readPage(txn *badger.Txn, id filter.PageID) (data []byte, log pageLog, found bool, err error) {
+	pb := p.db.opts.PageBytes
+	prefix := pageKey(p.prefix, id)
+	data = make([]byte, pb)
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		item := it.Item()
+		k := item.Key()
+		found = true
+		switch len(k) {
+		case len(prefix):
+			err = item.Value(func(v []byte) error {
+				if len(v) < pageBaseHeader {
+					return fmt.Errorf("stored page entry is %d bytes, shorter than its %d-byte header: %w", len(v), pageBaseHeader, errBadEntry)
+				}
+				if len(v) != pageBaseHeader+pb {
+					return fmt.Errorf("stored page is %d bytes, want %d: %w", len(v)-pageBaseHeader, pb, errBadEntry)
+				}
+				log.baseSeq = binary.BigEndian.Uint32(v)
+				log.lastSeq = log.baseSeq
+				copy(data, v[pageBaseHeader:])
+				return nil
+			})
+		case len(prefix) + deltaSeqBytes:
+			seq := binary.BigEndian.Uint32(k[len(prefix):])
+			if log.oldest == 0 {
+				log.oldest = seq
+			}
+			if seq <= log.baseSeq {
+				continue // folded into the base, awaiting deletion
+			}
+			if seq != log.lastSeq+1 {
+				return nil, pageLog{}, true, fmt.Errorf("delta %d follows delta %d: %w", seq, log.lastSeq, errBadEntry)
+			}
+			err = item.Value(func(v []byte) error {
+				log.deltaBytes += len(k) + len(v)
+				if err := applyDelta(data, v); err != nil {
+					return fmt.Errorf("delta %d: %w: %w", seq, err, errBadEntry)
+				}
+				return nil
+			})
+			log.lastSeq = seq
+		default:
+			err = fmt.Errorf("page entry key %x is %d bytes: %w", k, len(k), errBadEntry)
+		}
+		if err != nil {
+			return nil, pageLog{}, true, err
+		}
+	}
+	return data, log, found, nil
+}
+
+// errBadEntry marks a stored page entry that cannot be right; Page reports
+// it as ErrCorrupt.
+var errBadEntry = errors.New("store: bad page entry")
+
+// obsoleteDeltas are the delta entries of a page folded into its base by a
+// committed write batch and not yet deleted.
+type obsoleteDeltas struct {
+	id       filter.PageID
+	from, to uint32
+}
+
+// deleteObsolete deletes the obsolete delta entries listed, after the write
+// batch that made them obsolete committed. Reads skip them, so this is a
+// separate WriteBatch, outside the write batch's transaction and its size
+// limit; a failure is logged and retried after the next write batch, and
+// entries left by a crash are deleted when their page is next rewritten
+// whole.
+func (p *Partition) deleteObsolete() {
+	p.lastObsoleteBytes = 0
+	if len(p.obsolete) == 0 {
+		return
+	}
+	if err := p.db.checkFreeSpace(); err != nil {
+		return // the next Commit reports the shortage
+	}
+	wb := p.db.bdb.NewWriteBatch()
+	defer wb.Cancel()
+	var err error
+	var written int64
+	for _, o := range p.obsolete {
+		for seq := o.from; seq <= o.to && err == nil; seq++ {
+			k := deltaKey(p.prefix, o.id, seq)
+			written += int64(len(k))
+			err = wb.Delete(k)
+		}
+	}
+	if err == nil {
+		err = wb.Flush()
+	}
+	if err != nil {
+		p.db.logger.Error("deleting obsolete page deltas failed; will retry after the next write batch",
+			"partition", p.tp.String(), "pages", len(p.obsolete), "err", err)
+		return
+	}
+	p.db.metrics.commitBytes.Add(float64(written))
+	p.lastObsoleteBytes = written
+	p.obsolete = p.obsolete[:0]
+}
+
+// Consolidate rewrites whole every stored page of p that has live deltas,
+// in write batches of up to Options.FlushBytes that carry the current
+// metadata and checkpoint (the pages read the same before and after, so
+// every intermediate state is the committed one), and deletes the deltas
+// folded in. With Badger's compaction it brings the state at rest to its
+// page bytes: live deltas add up to half a page per page until then. It
+// costs a read and a whole write of each such page: call it when the
+// partition is idle, never between the changes of a write batch. It
+// returns ErrDirty when p has uncommitted changes, nil without a committed
+// write batch, and Commit's and Page's errors.
+func (p *Partition) Consolidate() error {
+	if p.closed || p.db.closed.Load() {
+		return fmt.Errorf("store: consolidating %s: %w", p.tp, ErrClosed)
+	}
+	if len(p.dirty) > 0 || len(p.dropped) > 0 {
+		return fmt.Errorf("store: consolidating %s: %w", p.tp, ErrDirty)
+	}
+	if !p.hasCP {
+		return nil
+	}
+	var ids []filter.PageID
+	start := append(append([]byte{}, p.prefix...), tagPage)
+	err := p.db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: start})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			k := it.Item().Key()[len(start):]
+			if len(k) != 8+deltaSeqBytes {
+				continue
+			}
+			id := filter.PageID{SubFilter: binary.BigEndian.Uint32(k), Page: binary.BigEndian.Uint32(k[4:])}
+			if len(ids) == 0 || ids[len(ids)-1] != id {
+				ids = append(ids, id)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("store: consolidating %s: listing deltas: %w", p.tp, err)
+	}
+	for _, id := range ids {
+		page, err := p.Page(id)
+		if err != nil {
+			return err
+		}
+		p.MarkDirty(id, page)
+		if p.DirtyBytes() >= p.db.opts.FlushBytes {
+			if err := p.Commit(p.meta, p.cp); err != nil {
+				return err
+			}
+		}
+	}
+	if len(p.dirty) == 0 {
+		return nil
+	}
+	return p.Commit(p.meta, p.cp)
+}
