@@ -194,6 +194,9 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 	}
 	forwards, dups := pw.w.opts.Forwards, pw.w.opts.DuplicatesTopic
 	for _, r := range recs {
+		if r.Offset < pw.next.Offset {
+			continue // decided before a restart: the checkpoint covers it (see plan)
+		}
 		if e, ok := skipped(r); ok { // a batch over MaxDecompressBytes
 			pw.skip(e, produce)
 			pw.next = store.Checkpoint{Offset: e.NextOffset, LeaderEpoch: e.Epoch}

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/plugin/kslog"
 
 	"github.com/kdedup/kdedup/dedup"
+	"github.com/kdedup/kdedup/store"
 )
 
 // Delivery is the delivery guarantee of forwarded records.
@@ -639,6 +640,16 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 	case ok && (group < 0 || cp.Offset >= group):
 		if cp.Offset != group {
 			w.log.Info("resuming from the local checkpoint", "topic", topic, "partition", p, "offset", cp.Offset, "group_offset", group)
+		}
+		if group >= 0 && cp.Offset > group && w.opts.Delivery == AtLeastOnce {
+			// Fetch from the group's offset, which franz-go takes as
+			// committed, and skip what the checkpoint covers (process):
+			// the first write batch then commits the checkpoint to the
+			// group, even if no record follows. Starting at the
+			// checkpoint instead made franz-go take it as committed, and
+			// the group's offset stayed behind until the next record.
+			pw.flushed = store.Checkpoint{Offset: group, LeaderEpoch: -1}
+			return o, nil
 		}
 		return kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch), nil
 	case group < 0: // nothing committed, no state: start empty

@@ -14,6 +14,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/internal/scenario"
 )
 
 // rebuildParts is a stream whose second part is decided right only by a
@@ -175,4 +177,40 @@ func (p *process) replayProbe(t *testing.T) (bool, float64, float64) {
 		samples[m[1]] = v
 	}
 	return code == http.StatusOK, samples["kdedup_partitions_restoring"], samples["kdedup_write_batches_total"]
+}
+
+// TestCheckpointAheadOfGroup: at least once, a crash between the Badger
+// commit and the group commit leaves the local checkpoint ahead of the
+// group's offset (as does a lost partition, which keeps what it forwarded
+// locally). The worker resumes from the checkpoint, forwarding nothing
+// again, and the group's offset catches up with it even when no record
+// follows (it stayed behind until the next record before).
+func TestCheckpointAheadOfGroup(t *testing.T) {
+	p := newPipeline(t, 2)
+	part1, _ := rebuildParts(1000)
+	dir := t.TempDir()
+	p.runPart(t, dir, part1)
+	end := p.groupOffsets(t)
+
+	// The crash: the group's offsets 10 records behind the checkpoints.
+	behind := kadm.Offsets{}
+	for part, o := range end {
+		behind.AddOffset(p.in, part, max(0, o-10), -1)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if resp, err := p.b.admin(t).CommitOffsets(ctx, p.group, behind); err != nil || resp.Error() != nil {
+		t.Fatalf("moving the group's offsets back: %v %v", err, resp.Error())
+	}
+
+	w := p.startWorker(t, dir)
+	if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
+		t.Fatalf("the group's offset did not catch up with the checkpoints: %v", err)
+	}
+	w.stop(t)
+	if got := p.groupOffsets(t); !maps.Equal(got, end) {
+		t.Fatalf("group offsets %v, want the checkpoints %v", got, end)
+	}
+	want, got := p.output(t, part1)
+	requireExact(t, want, got) // the 20 records between were not forwarded again
 }
