@@ -81,6 +81,27 @@ func (p *pipeline) withDeadLetterTopic(t *testing.T, maxBytes int) string {
 	return dead
 }
 
+// readTopic reads everything topic holds (the dead-letter topic, once the
+// group has committed the whole input).
+func (p *pipeline) readTopic(t *testing.T, topic string) []*kgo.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	recs, err := scenario.ReadAll(ctx, p.b.addrs, topic, p.b.conn...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+// produceBig produces recs to the input with bigClient.
+func (p *pipeline) produceBig(t *testing.T, recs []*kgo.Record) {
+	t.Helper()
+	if err := scenario.Produce(context.Background(), p.b.bigClient(t), p.in, recs); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // bigClient produces records up to 8 MiB, uncompressed unless opts say
 // otherwise.
 func (b *broker) bigClient(t *testing.T, opts ...kgo.Opt) *kgo.Client {
@@ -197,19 +218,12 @@ func TestDeadLetterTopic(t *testing.T) {
 		recs = slices.Insert(recs, 300, exact)
 		recs = slices.Insert(recs, 200, tooLarge)
 		recs = slices.Insert(recs, 100, fits)
-		if err := scenario.Produce(context.Background(), p.b.bigClient(t), p.in, recs); err != nil {
-			t.Fatal(err)
-		}
+		p.produceBig(t, recs)
 
 		w := p.startWorker(t, t.TempDir())
 		want, got := p.output(t, recs)
 		wantDropped, gotDropped, read := p.dropped(t, recs)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		deadRead, err := scenario.ReadAll(ctx, p.b.addrs, dead)
-		if err != nil {
-			t.Fatal(err)
-		}
+		deadRead := p.readTopic(t, dead)
 		w.running(t)
 		aborted := w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted")
 		counted := w.metricWith(t, "kdedup_dead_letter_records_total", "reason", "too-large")
@@ -251,17 +265,10 @@ func TestDeadLetterTruncated(t *testing.T) {
 	recs := scenario.Generate(scenario.Options{Keys: 200, Seed: 12})
 	huge := sized("huge", 2<<20, scenario.Base.Add(time.Hour))
 	recs = slices.Insert(recs, 50, huge)
-	if err := scenario.Produce(context.Background(), p.b.bigClient(t), p.in, recs); err != nil {
-		t.Fatal(err)
-	}
+	p.produceBig(t, recs)
 	w := p.startWorker(t, t.TempDir())
 	want, got := p.output(t, recs)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	deadRead, err := scenario.ReadAll(ctx, p.b.addrs, dead)
-	if err != nil {
-		t.Fatal(err)
-	}
+	deadRead := p.readTopic(t, dead)
 	w.stop(t)
 	delete(want.PerKey, "huge")
 	requireExact(t, want, got)
@@ -313,9 +320,7 @@ func TestNoDeadLetterTopic(t *testing.T) {
 		recs := scenario.Generate(scenario.Options{Keys: 300, Seed: 13})
 		tooLarge := sized("too-large", kafkaMaxMessageBytes+1, scenario.Base.Add(time.Hour))
 		recs = slices.Insert(recs, 150, tooLarge)
-		if err := scenario.Produce(context.Background(), p.b.bigClient(t), p.in, recs); err != nil {
-			t.Fatal(err)
-		}
+		p.produceBig(t, recs)
 		proc := p.startProcess(t, t.TempDir())
 		if code := proc.waitExit(t, 60*time.Second); code != 1 {
 			t.Fatalf("exit code %d, want 1:\n%s", code, proc.logText(t))
@@ -513,12 +518,7 @@ func TestCompressionBomb(t *testing.T) {
 		first, recs := bomb(t, p)
 		w := p.startWorker(t, t.TempDir())
 		want, got := p.output(t, recs)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		deadRead, err := scenario.ReadAll(ctx, p.b.addrs, dead)
-		if err != nil {
-			t.Fatal(err)
-		}
+		deadRead := p.readTopic(t, dead)
 		w.running(t)
 		w.stop(t)
 		requireExact(t, want, got)
@@ -615,17 +615,10 @@ func TestMaxRecordBytesFromBroker(t *testing.T) {
 			recs := scenario.Generate(scenario.Options{Keys: 50, Seed: 17})
 			big := sized("big", 1536<<10, scenario.Base.Add(time.Hour))
 			recs = slices.Insert(recs, 20, big)
-			if err := scenario.Produce(context.Background(), p.b.bigClient(t), p.in, recs); err != nil {
-				t.Fatal(err)
-			}
+			p.produceBig(t, recs)
 			w := p.startWorker(t, t.TempDir())
 			want, got := p.output(t, recs)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			deadRead, err := scenario.ReadAll(ctx, p.b.addrs, dead)
-			if err != nil {
-				t.Fatal(err)
-			}
+			deadRead := p.readTopic(t, dead)
 			w.stop(t)
 			if override == "" {
 				requireExact(t, want, got)
