@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -516,7 +517,8 @@ func TestCompressionBomb(t *testing.T) {
 		dead := p.withDeadLetterTopic(t, 0)
 		p.extraEnv["KDEDUP_MAX_DECOMPRESS_BYTES"] = "1MiB"
 		first, recs := bomb(t, p)
-		w := p.startWorker(t, t.TempDir())
+		dir := t.TempDir()
+		w := p.startWorker(t, dir)
 		want, got := p.output(t, recs)
 		deadRead := p.readTopic(t, dead)
 		w.running(t)
@@ -524,6 +526,28 @@ func TestCompressionBomb(t *testing.T) {
 		requireExact(t, want, got)
 		if len(deadRead) != 1 {
 			t.Fatalf("dead-letter topic holds %d records, want 1", len(deadRead))
+		}
+
+		// A rebuild replays through the batch: its restore client steps
+		// over it (the batch changed nothing in the filter) instead of
+		// stalling, and forwards and dead-letters nothing again.
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		w = p.startWorker(t, dir)
+		deadline := time.Now().Add(60 * time.Second)
+		for w.metric(t, "kdedup_replayed_records_total") < float64(len(recs)) || w.metric(t, "kdedup_partitions_restoring") > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("rebuild replayed %.0f of %d records within 60s", w.metric(t, "kdedup_replayed_records_total"), len(recs))
+			}
+			w.running(t)
+			time.Sleep(20 * time.Millisecond)
+		}
+		w.stop(t)
+		want, got = p.output(t, recs)
+		requireExact(t, want, got)
+		if n := len(p.readTopic(t, dead)); n != 1 {
+			t.Fatalf("after the rebuild the dead-letter topic holds %d records, want 1", n)
 		}
 		dl := deadRead[0]
 		wantHeaders := map[string]string{
