@@ -164,7 +164,12 @@ func TestCluster(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+	// A new topic's metadata may name its leader before its full ISR.
 	first, isr := leader()
+	for len(isr) != 3 && ctx.Err() == nil {
+		time.Sleep(100 * time.Millisecond)
+		first, isr = leader()
+	}
 	if len(isr) != 3 {
 		t.Fatalf("ISR %v, want all three nodes", isr)
 	}
