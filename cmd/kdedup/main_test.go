@@ -105,16 +105,16 @@ func TestUnknownCommandIsAUsageError(t *testing.T) {
 	}
 }
 
-// TestREADMEListsEveryVariable keeps the README's configuration table in
-// step with config.Config.
-func TestREADMEListsEveryVariable(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+// TestConfigurationDocListsEveryVariable keeps the configuration reference,
+// docs/configuration.md, in step with config.Config.
+func TestConfigurationDocListsEveryVariable(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, row := range (config.Config{}).Table() {
-		if !bytes.Contains(readme, []byte("`"+row[0]+"`")) {
-			t.Errorf("README.md does not document %s", row[0])
+		if !bytes.Contains(doc, []byte("`"+row[0]+"`")) {
+			t.Errorf("docs/configuration.md does not document %s", row[0])
 		}
 	}
 }
