@@ -21,7 +21,9 @@ var (
 // build describes the running binary, as `kdedup version` prints it.
 type build struct {
 	// Version is the release tag set at link time, else the module version
-	// (`go install github.com/kdedup/kdedup/cmd/kdedup@v0.1.0`), else "devel".
+	// Go stamps (`go install github.com/kdedup/kdedup/cmd/kdedup@v0.1.0`, or
+	// since Go 1.24 the tag or pseudo-version of the checkout built), else
+	// "devel".
 	Version string
 	// Commit is the VCS revision set at link time, else the vcs.revision Go
 	// stamps when building from a checkout, else "unknown".
