@@ -1,6 +1,9 @@
 # syntax=docker/dockerfile:1
 # kdedup: a static binary on distroless (CA certificates, /etc/passwd with
-# nonroot, nothing else). Build: docker build -t kdedup --build-arg VERSION=v0.1.0 .
+# nonroot, nothing else). Build:
+#   docker build -t kdedup --build-arg VERSION=v0.1.0 --build-arg COMMIT=$(git rev-parse HEAD) .
+# VERSION and COMMIT are what `kdedup version` prints; the build context has
+# no .git, so the commit cannot be read from the checkout.
 # The chart (deploy/helm/kdedup) and tests/chart_image_test.go rely on the
 # UID/GID, the data directory, the port and the entrypoint set here.
 
@@ -10,6 +13,7 @@ FROM --platform=$BUILDPLATFORM golang:${GO_VERSION}-bookworm AS build
 ARG TARGETOS=linux
 ARG TARGETARCH=amd64
 ARG VERSION=""
+ARG COMMIT=""
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
@@ -17,7 +21,7 @@ COPY . .
 # CGO off: a static binary that runs on distroless/static (no libc).
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -ldflags "-s -w -X main.buildVersion=${VERSION}" -o /out/kdedup ./cmd/kdedup \
+    go build -trimpath -ldflags "-s -w -X main.buildVersion=${VERSION} -X main.buildCommit=${COMMIT}" -o /out/kdedup ./cmd/kdedup \
  && mkdir -p /out/data
 
 FROM gcr.io/distroless/static-debian12:nonroot

@@ -8,7 +8,7 @@
 //	                (-broker apache: and with Kafka Streams, on Apache Kafka)
 //	kdedup inspect  print the filter state of a stopped worker's data directory
 //	kdedup check    tell whether a dedup key would be dropped by that state
-//	kdedup version  print the version
+//	kdedup version  print the version, commit and Go version (also -version, --version)
 //
 // inspect and check open the data directory read-only (a running worker
 // holds it locked) and print a table or, with -json, a versioned JSON
@@ -92,8 +92,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return inspectCmd(args, stdout, stderr)
 	case "check":
 		return checkCmd(args, stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, "kdedup", version())
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, currentBuild())
 		return nil
 	case "help", "-h", "--help":
 		usage(stdout)
@@ -116,7 +116,7 @@ usage:
                    sub-filters and totals from a stopped worker's data directory (read-only)
   kdedup check KEY -topic T -partition P [-data-dir DIR] [-json]
                    tell whether a record with dedup key KEY would be dropped (exit code 0 either way)
-  kdedup version   print the version
+  kdedup version   print the version, commit and Go version (also -version, --version)
 
 Configuration variables: kdedup run -h. Each command takes -h.
 `)

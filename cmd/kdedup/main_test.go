@@ -7,6 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -101,16 +105,16 @@ func TestUnknownCommandIsAUsageError(t *testing.T) {
 	}
 }
 
-// TestREADMEListsEveryVariable keeps the README's configuration table in
-// step with config.Config.
-func TestREADMEListsEveryVariable(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+// TestConfigurationDocListsEveryVariable keeps the configuration reference,
+// docs/configuration.md, in step with config.Config.
+func TestConfigurationDocListsEveryVariable(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, row := range (config.Config{}).Table() {
-		if !bytes.Contains(readme, []byte("`"+row[0]+"`")) {
-			t.Errorf("README.md does not document %s", row[0])
+		if !bytes.Contains(doc, []byte("`"+row[0]+"`")) {
+			t.Errorf("docs/configuration.md does not document %s", row[0])
 		}
 	}
 }
@@ -124,5 +128,95 @@ func TestDemo(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "output matches the exact model") {
 		t.Fatalf("demo output:\n%s", out.String())
+	}
+}
+
+// TestBuildInfo: the link-time version and commit win; unset, the module
+// version and the VCS settings Go stamps are used, and "devel" / "unknown"
+// when there are none.
+func TestBuildInfo(t *testing.T) {
+	const rev = "5cc47a6f0e1d2c3b4a5968778695a4b3c2d1e0f9"
+	stamped := &debug.BuildInfo{
+		Main: debug.Module{Path: "github.com/kdedup/kdedup", Version: "(devel)"},
+		Settings: []debug.BuildSetting{
+			{Key: "vcs", Value: "git"},
+			{Key: "vcs.revision", Value: rev},
+			{Key: "vcs.modified", Value: "true"},
+		},
+	}
+	installed := &debug.BuildInfo{Main: debug.Module{Path: "github.com/kdedup/kdedup", Version: "v0.2.0"}}
+	for _, tc := range []struct {
+		name            string
+		version, commit string
+		info            *debug.BuildInfo
+		want            build
+	}{
+		{"link time", "v0.1.0", "abc123", stamped, build{Version: "v0.1.0", Commit: "abc123", GoVersion: "go1.26.8"}},
+		{"link-time version, stamped commit", "v0.1.0", "", stamped, build{Version: "v0.1.0", Commit: rev, Modified: true, GoVersion: "go1.26.8"}},
+		{"checkout build", "", "", stamped, build{Version: "devel", Commit: rev, Modified: true, GoVersion: "go1.26.8"}},
+		{"go install @version", "", "", installed, build{Version: "v0.2.0", Commit: "unknown", GoVersion: "go1.26.8"}},
+		{"link-time commit, module version", "", "abc123", installed, build{Version: "v0.2.0", Commit: "abc123", GoVersion: "go1.26.8"}},
+		{"no build info", "", "", nil, build{Version: "devel", Commit: "unknown", GoVersion: "go1.26.8"}},
+		{"modified without revision", "", "", &debug.BuildInfo{Settings: []debug.BuildSetting{{Key: "vcs.modified", Value: "true"}}},
+			build{Version: "devel", Commit: "unknown", GoVersion: "go1.26.8"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := buildInfo(tc.version, tc.commit, "go1.26.8", tc.info); got != tc.want {
+				t.Errorf("buildInfo = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+	platform := runtime.GOOS + "/" + runtime.GOARCH
+	for _, tc := range []struct {
+		b    build
+		want string
+	}{
+		{build{Version: "v0.1.0", Commit: "abc123", GoVersion: "go1.26.8"}, "kdedup v0.1.0 commit abc123 go1.26.8 " + platform},
+		{build{Version: "devel", Commit: rev, Modified: true, GoVersion: "go1.26.8"}, "kdedup devel commit " + rev + " (modified) go1.26.8 " + platform},
+	} {
+		if got := tc.b.String(); got != tc.want {
+			t.Errorf("%+v prints %q, want %q", tc.b, got, tc.want)
+		}
+	}
+}
+
+// TestVersionCommand: version, -version and --version print the same line,
+// which names the Go version the binary runs on.
+func TestVersionCommand(t *testing.T) {
+	want := currentBuild().String() + "\n"
+	if !strings.Contains(want, " "+runtime.Version()+" ") {
+		t.Fatalf("version line %q lacks the Go version %s", want, runtime.Version())
+	}
+	for _, arg := range []string{"version", "-version", "--version"} {
+		var out bytes.Buffer
+		if err := dispatch(context.Background(), []string{arg}, &out, &out); err != nil {
+			t.Fatalf("kdedup %s: %v", arg, err)
+		}
+		if out.String() != want {
+			t.Errorf("kdedup %s printed %q, want %q", arg, out.String(), want)
+		}
+	}
+}
+
+// TestVersionLinkTime builds the binary as the release workflow and the
+// Dockerfile do, with -X main.buildVersion and -X main.buildCommit, and
+// checks that --version prints exactly those values.
+func TestVersionLinkTime(t *testing.T) {
+	const version, commit = "v9.8.7-test", "0123456789abcdef0123456789abcdef01234567"
+	bin := filepath.Join(t.TempDir(), "kdedup")
+	build := exec.Command("go", "build", "-trimpath",
+		"-ldflags", "-s -w -X main.buildVersion="+version+" -X main.buildCommit="+commit,
+		"-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v\n%s", build.Args, err, out)
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		t.Fatalf("%s --version: %v", bin, err)
+	}
+	want := fmt.Sprintf("kdedup %s commit %s %s %s/%s\n", version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	if string(out) != want {
+		t.Errorf("--version printed %q, want %q", out, want)
 	}
 }

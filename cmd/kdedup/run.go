@@ -52,7 +52,8 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("%w: invalid configuration:\n%v", errUsage, err)
 	}
 	log := newLogger(stderr, cfg.SlogLevel(), cfg.LogFormat)
-	log.Info("kdedup", "version", version())
+	b := currentBuild()
+	log.Info("kdedup", "version", b.Version, "commit", b.Commit, "go", b.GoVersion)
 	app.SetMemoryLimit(cfg, log)
 	if err := app.Run(ctx, cfg, log, prometheus.NewRegistry(), nil); err != nil {
 		log.Error("kdedup stopped on an error", "err", err, "exit_code", exitCode(err))
