@@ -64,6 +64,9 @@ type Partition struct {
 	cp      Checkpoint
 	hasCP   bool
 	closed  bool
+	// consolidated: ConsolidateStep found no live delta and no write batch
+	// has written one since.
+	consolidated bool
 }
 
 func (p *Partition) load() error {
@@ -459,6 +462,7 @@ func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, map[filter.PageID
 				}
 				lg.lastSeq++
 				lg.deltaBytes += cost
+				p.consolidated = false
 				if lg.oldest == 0 {
 					lg.oldest = lg.lastSeq
 				}
