@@ -209,6 +209,19 @@ func (p *Partition) Checkpoint() (Checkpoint, bool) { return p.cp, p.hasCP }
 // the wrong length, a delta out of the page or out of sequence) returns
 // ErrCorrupt; after Close, ErrClosed.
 func (p *Partition) Page(id filter.PageID) ([]byte, error) {
+	// The chain asks again for the page it read last (an insert reads the
+	// newest sub-filter's page in its lookup, then to place the key): found
+	// without a map or cache lookup. p.last is never a dirty page
+	// (markDirty clears it), and its bytes stay valid when the shared cache
+	// evicts it: only this Partition writes them.
+	if d := p.lastDirty; d != nil && p.lastDirtyID == id {
+		p.db.metrics.cacheHits.Inc()
+		return d.data, nil
+	}
+	if c := p.last; c != nil && p.lastID == id && !p.closed && !p.db.closed.Load() {
+		p.db.metrics.cacheHits.Inc()
+		return c.data, nil
+	}
 	if d, ok := p.dirty[id]; ok {
 		p.db.metrics.cacheHits.Inc()
 		p.lastDirty, p.lastDirtyID = d, id
