@@ -33,6 +33,9 @@ type partition struct {
 	stableNext store.Checkpoint // exactly once: next as of the last committed transaction
 	flushed    store.Checkpoint // checkpoint of the last write batch
 	lastFlush  time.Time
+	// lastActive is when the partition last decided records, and
+	// lastConsolidate when it last consolidated pages (consolidateIdle).
+	lastActive, lastConsolidate time.Time
 
 	// Records decided or replayed: in all, as of the last committed
 	// transaction (exactly once) and as of the last write batch; their
@@ -76,6 +79,7 @@ func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Par
 		done:      make(chan struct{}),
 		lastFlush: time.Now(),
 	}
+	pw.lastActive = pw.lastFlush
 	pw.highWatermark.Store(-1)
 	pw.nextOffset.Store(-1)
 	if cp, ok := d.Checkpoint(); ok {
@@ -161,6 +165,7 @@ func (pw *partition) run() {
 			pw.process(recs, pw.produce) // dropped once failed: the next owner reads them again from the checkpoint
 		case <-tick.C:
 			pw.flush()
+			pw.consolidateIdle()
 		case <-pw.abort:
 			pw.settle()
 			return
@@ -191,6 +196,9 @@ func (pw *partition) drain() {
 func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Record)) {
 	if pw.failed.Load() {
 		return
+	}
+	if len(recs) > 0 {
+		pw.lastActive = time.Now()
 	}
 	forwards, dups := pw.w.opts.Forwards, pw.w.opts.DuplicatesTopic
 	for _, r := range recs {
@@ -338,6 +346,34 @@ func (pw *partition) flush() {
 		pw.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{
 			pw.topic: {pw.partition: {Epoch: cp.LeaderEpoch, Offset: cp.Offset}},
 		})
+	}
+}
+
+// consolidateIdleIntervals is how many flush intervals a partition decides
+// nothing before consolidateIdle folds its page deltas into whole pages.
+const consolidateIdleIntervals = 10
+
+// consolidateIdle folds page deltas into whole pages (one write batch of at
+// most half of FlushBytes, at most one per flush interval) once the
+// partition has decided nothing for consolidateIdleIntervals flush
+// intervals and has nothing uncommitted: a write batch holds deltas so
+// that its bytes follow the records it carries, and an idle partition has
+// the time to fold them in, bringing its state at rest back to its page
+// bytes. It runs where flush runs and, like flush, never while a replay
+// owns the deduplicator. The store remembers that nothing is left, so the
+// steps of a partition that stays idle cost nothing.
+func (pw *partition) consolidateIdle() {
+	if !pw.planned.Load() || pw.restoring.Load() || pw.failed.Load() {
+		return
+	}
+	interval := pw.w.opts.FlushInterval
+	now := time.Now()
+	if now.Sub(pw.lastActive) < consolidateIdleIntervals*interval || now.Sub(pw.lastConsolidate) < interval {
+		return
+	}
+	pw.lastConsolidate = now
+	if _, err := pw.d.ConsolidateStep(pw.w.opts.FlushBytes / 2); err != nil {
+		pw.fail(err)
 	}
 }
 

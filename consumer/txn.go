@@ -203,5 +203,6 @@ func (w *Worker) flushDue() {
 		if time.Since(pw.lastFlush) >= w.opts.FlushInterval || pw.d.DirtyBytes() >= w.opts.FlushBytes/2 {
 			pw.flush()
 		}
+		pw.consolidateIdle()
 	}
 }

@@ -37,6 +37,9 @@ type pageLog struct {
 type cachedPage struct {
 	data []byte
 	log  pageLog
+	// epoch is the cache epoch in which the page was last moved to the
+	// front of the LRU (DB.touch); written by its Partition's goroutine.
+	epoch uint64
 }
 
 // dirtyPage is a page changed since the last write batch: its bytes, its
@@ -294,25 +297,91 @@ func (p *Partition) deleteObsolete() {
 }
 
 // Consolidate rewrites whole every stored page of p that has live deltas,
-// in write batches of up to Options.FlushBytes that carry the current
-// metadata and checkpoint (the pages read the same before and after, so
-// every intermediate state is the committed one), and deletes the deltas
-// folded in. With Badger's compaction it brings the state at rest to its
-// page bytes: live deltas add up to half a page per page until then. It
-// costs a read and a whole write of each such page: call it when the
-// partition is idle, never between the changes of a write batch. It
-// returns ErrDirty when p has uncommitted changes, nil without a committed
-// write batch, and Commit's and Page's errors.
+// in write batches of up to Options.FlushBytes (ConsolidateStep until it
+// reports nothing more). With Badger's compaction it brings the state at
+// rest to its page bytes: live deltas add up to half a page per page until
+// then. It returns ConsolidateStep's errors.
 func (p *Partition) Consolidate() error {
+	for {
+		more, err := p.ConsolidateStep(p.db.opts.FlushBytes)
+		if err != nil || !more {
+			return err
+		}
+	}
+}
+
+// ConsolidateStep rewrites whole the stored pages of p that have live
+// deltas, until about maxBytes of them (at least one page) are in one write
+// batch, and commits it with the current metadata and checkpoint: the pages
+// read the same before and after, so every intermediate state is the
+// committed one. The deltas folded in are deleted once the batch is
+// durable. more reports that pages with live deltas remain. A step that
+// finds none is cheap afterwards: p remembers that no write batch has
+// written a delta since, and returns at once until one has.
+//
+// It costs a listing of p's page keys (not their values), a read of each
+// page it consolidates (most are in the page cache) and a whole write of
+// it: call it on an idle partition, never between the changes of a write
+// batch. It returns ErrDirty when p has uncommitted changes (nothing is
+// done), ErrClosed after Close, and Commit's and Page's errors; nothing,
+// and no more, without a committed write batch.
+func (p *Partition) ConsolidateStep(maxBytes int64) (more bool, err error) {
 	if p.closed || p.db.closed.Load() {
-		return fmt.Errorf("store: consolidating %s: %w", p.tp, ErrClosed)
+		return false, fmt.Errorf("store: consolidating %s: %w", p.tp, ErrClosed)
 	}
 	if len(p.dirty) > 0 || len(p.dropped) > 0 {
-		return fmt.Errorf("store: consolidating %s: %w", p.tp, ErrDirty)
+		return false, fmt.Errorf("store: consolidating %s: %w", p.tp, ErrDirty)
 	}
-	if !p.hasCP {
-		return nil
+	if !p.hasCP || p.consolidated {
+		return false, nil
 	}
+	ids, err := p.deltaPages()
+	if err != nil {
+		return false, err
+	}
+	maxBytes = max(maxBytes, 1)
+	for i, id := range ids {
+		page, err := p.Page(id)
+		if err != nil {
+			return false, err
+		}
+		if lg := p.last.log; p.lastID == id && lg.lastSeq == lg.baseSeq && lg.oldest == 0 {
+			continue // folded into its base by a write batch since the listing
+		}
+		p.MarkDirty(id, page)
+		if p.DirtyBytes() >= maxBytes {
+			more = i+1 < len(ids)
+			break
+		}
+	}
+	if len(p.dirty) > 0 {
+		n := len(p.dirty)
+		if err := p.Commit(p.meta, p.cp); err != nil {
+			return false, err
+		}
+		p.db.metrics.consolidatedPages.Add(float64(n))
+	}
+	if !more {
+		p.consolidated = true
+	}
+	return more, nil
+}
+
+// DeltaPages returns how many pages of p have delta entries stored (live,
+// or folded into a newer base and not yet deleted): 0 once ConsolidateStep
+// has folded every delta in. It lists keys, not values, and returns
+// ErrClosed after Close.
+func (p *Partition) DeltaPages() (int, error) {
+	if p.closed || p.db.closed.Load() {
+		return 0, fmt.Errorf("store: listing the deltas of %s: %w", p.tp, ErrClosed)
+	}
+	ids, err := p.deltaPages()
+	return len(ids), err
+}
+
+// deltaPages lists, in key order, the pages of p with a stored delta entry,
+// live or folded into a newer base and not yet deleted; keys only.
+func (p *Partition) deltaPages() ([]filter.PageID, error) {
 	var ids []filter.PageID
 	start := append(append([]byte{}, p.prefix...), tagPage)
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
@@ -331,22 +400,7 @@ func (p *Partition) Consolidate() error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("store: consolidating %s: listing deltas: %w", p.tp, err)
+		return nil, fmt.Errorf("store: consolidating %s: listing deltas: %w", p.tp, err)
 	}
-	for _, id := range ids {
-		page, err := p.Page(id)
-		if err != nil {
-			return err
-		}
-		p.MarkDirty(id, page)
-		if p.DirtyBytes() >= p.db.opts.FlushBytes {
-			if err := p.Commit(p.meta, p.cp); err != nil {
-				return err
-			}
-		}
-	}
-	if len(p.dirty) == 0 {
-		return nil
-	}
-	return p.Commit(p.meta, p.cp)
+	return ids, nil
 }

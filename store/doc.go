@@ -102,8 +102,12 @@
 // where whole pages filled 8 MiB three times a second.
 //
 // At rest, live deltas add up to half a page per page (about a quarter on
-// average in steady state). Partition.Consolidate folds them all into their
-// pages; with Badger's compaction the state at rest is then its page bytes.
+// average in steady state). Partition.ConsolidateStep folds them into their
+// pages, a bounded write batch at a time, and Partition.Consolidate all of
+// them; with Badger's compaction the state at rest is then its page bytes.
+// The worker (consumer) takes a step per flush interval on a partition idle
+// for ten of them: an idle partition has the time, and a busy one would
+// write its pages whole again soon after.
 //
 // # Dropped sub-filters
 //

@@ -9,15 +9,16 @@ import (
 // they are created but not registered; otherwise the Badger size and cache
 // metrics of db (collector) are registered with them.
 type metrics struct {
-	commitSeconds  prometheus.Histogram
-	commitBytes    prometheus.Counter
-	commits        prometheus.Counter
-	commitErrors   prometheus.Counter
-	cacheHits      prometheus.Counter
-	cacheMisses    prometheus.Counter
-	pageReads      prometheus.Counter
-	pagesReclaimed prometheus.Counter
-	corruptions    prometheus.Counter
+	commitSeconds     prometheus.Histogram
+	commitBytes       prometheus.Counter
+	commits           prometheus.Counter
+	commitErrors      prometheus.Counter
+	cacheHits         prometheus.Counter
+	cacheMisses       prometheus.Counter
+	pageReads         prometheus.Counter
+	pagesReclaimed    prometheus.Counter
+	consolidatedPages prometheus.Counter
+	corruptions       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, db *DB) *metrics {
@@ -59,6 +60,10 @@ func newMetrics(reg prometheus.Registerer, db *DB) *metrics {
 		pagesReclaimed: f.NewCounter(prometheus.CounterOpts{
 			Name: "kdedup_store_pages_reclaimed_total",
 			Help: "Stored pages deleted because their sub-filter's generation expired (dedup window).",
+		}),
+		consolidatedPages: f.NewCounter(prometheus.CounterOpts{
+			Name: "kdedup_store_pages_consolidated_total",
+			Help: "Pages rewritten whole to fold in their deltas while their partition was idle (Partition.ConsolidateStep).",
 		}),
 		corruptions: f.NewCounter(prometheus.CounterOpts{
 			Name: "kdedup_store_corruptions_total",

@@ -64,6 +64,9 @@ type Partition struct {
 	cp      Checkpoint
 	hasCP   bool
 	closed  bool
+	// consolidated: ConsolidateStep found no live delta and no write batch
+	// has written one since.
+	consolidated bool
 }
 
 func (p *Partition) load() error {
@@ -206,6 +209,19 @@ func (p *Partition) Checkpoint() (Checkpoint, bool) { return p.cp, p.hasCP }
 // the wrong length, a delta out of the page or out of sequence) returns
 // ErrCorrupt; after Close, ErrClosed.
 func (p *Partition) Page(id filter.PageID) ([]byte, error) {
+	// The chain asks again for the page it read last (an insert reads the
+	// newest sub-filter's page in its lookup, then to place the key): found
+	// without a map or cache lookup. p.last is never a dirty page
+	// (markDirty clears it), and its bytes stay valid when the shared cache
+	// evicts it: only this Partition writes them.
+	if d := p.lastDirty; d != nil && p.lastDirtyID == id {
+		p.db.metrics.cacheHits.Inc()
+		return d.data, nil
+	}
+	if c := p.last; c != nil && p.lastID == id && !p.closed && !p.db.closed.Load() {
+		p.db.metrics.cacheHits.Inc()
+		return c.data, nil
+	}
 	if d, ok := p.dirty[id]; ok {
 		p.db.metrics.cacheHits.Inc()
 		p.lastDirty, p.lastDirtyID = d, id
@@ -215,7 +231,8 @@ func (p *Partition) Page(id filter.PageID) ([]byte, error) {
 		return nil, fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, ErrClosed)
 	}
 	key := cacheKey{owner: p.owner, id: id}
-	if c, ok := p.db.cache.Get(key); ok {
+	if c, ok := p.db.cache.Peek(key); ok {
+		p.db.touch(key, c)
 		p.db.metrics.cacheHits.Inc()
 		p.last, p.lastID = c, id
 		return c.data, nil
@@ -225,7 +242,7 @@ func (p *Partition) Page(id filter.PageID) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.db.cache.Add(key, c)
+	p.db.cacheAdd(key, c)
 	p.last, p.lastID = c, id
 	return c.data, nil
 }
@@ -413,7 +430,7 @@ func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
 		if d.log.oldest != 0 && lg.oldest == 0 {
 			p.obsolete = append(p.obsolete, obsoleteDeltas{id: id, from: d.log.oldest, to: lg.baseSeq})
 		}
-		p.db.cache.Add(cacheKey{owner: p.owner, id: id}, &cachedPage{data: d.data, log: lg})
+		p.db.cacheAdd(cacheKey{owner: p.owner, id: id}, &cachedPage{data: d.data, log: lg})
 		p.recycle(d)
 	}
 	clear(p.dirty)
@@ -459,6 +476,7 @@ func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, map[filter.PageID
 				}
 				lg.lastSeq++
 				lg.deltaBytes += cost
+				p.consolidated = false
 				if lg.oldest == 0 {
 					lg.oldest = lg.lastSeq
 				}

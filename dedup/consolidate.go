@@ -1,0 +1,27 @@
+package dedup
+
+import "fmt"
+
+// ConsolidateStep folds the page deltas of the partition's committed state
+// into whole pages, about maxBytes of pages per call, in one write batch
+// that keeps the committed checkpoint and chain metadata
+// (store.Partition.ConsolidateStep). more reports that pages with deltas
+// remain. Deltas keep a write batch proportional to the records it holds;
+// folding them in while the partition is idle brings the state at rest back
+// to its page bytes (about f/load bits per key) and keeps a page read to
+// one entry.
+//
+// It does nothing, and reports no more, while the partition has changes
+// not yet committed, staged (Options.Staged) or not: call it between write
+// batches of an idle partition. Errors are the store's (a failed write
+// batch: the partition must stop, as after a failed Commit).
+func (p *Partition) ConsolidateStep(maxBytes int64) (more bool, err error) {
+	if p.state.DirtyBytes() > 0 || (p.overlay != nil && p.overlay.Modified() > 0) {
+		return false, nil
+	}
+	more, err = p.state.ConsolidateStep(maxBytes)
+	if err != nil {
+		return false, fmt.Errorf("consolidating the pages of %s/%d: %w", p.topic, p.partition, err)
+	}
+	return more, nil
+}
