@@ -176,10 +176,10 @@ func (o Options) withDefaults() Options {
 		o.FlushInterval = time.Second
 	}
 	if o.FlushBytes == 0 {
-		o.FlushBytes = 8 << 20
+		o.FlushBytes = store.DefaultFlushBytes
 	}
 	if o.PageBytes == 0 {
-		o.PageBytes = 4096
+		o.PageBytes = store.DefaultPageBytes
 	}
 	if o.MaxDirtyPagesPerRecord <= 0 {
 		o.MaxDirtyPagesPerRecord = 1
