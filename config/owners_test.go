@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/kdedup/kdedup/consumer"
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
@@ -44,6 +46,27 @@ func TestDefaultsAreTheOwners(t *testing.T) {
 	var zero consumer.Delivery
 	if c.Delivery != zero {
 		t.Errorf("KDEDUP_DELIVERY default %v, the consumer's zero value %v", c.Delivery, zero)
+	}
+
+	// The consumer's defaults, read back from the client it configures.
+	cl, err := kgo.NewClient(consumer.Options{Brokers: []string{"127.0.0.1:1"}}.GroupClientOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"KDEDUP_GROUP", c.Group, cl.OptValue(kgo.ConsumerGroup)},
+		{"KDEDUP_SESSION_TIMEOUT", c.SessionTimeout, cl.OptValue(kgo.SessionTimeout)},
+		{"KDEDUP_METADATA_MAX_AGE", c.MetadataMaxAge, cl.OptValue(kgo.MetadataMaxAge)},
+		{"KDEDUP_FLUSH_INTERVAL", c.FlushInterval, cl.OptValue(kgo.AutoCommitInterval)},
+		{"KDEDUP_MAX_DECOMPRESS_BYTES", int(c.MaxDecompressBytes), cl.OptValue(kgo.MaxDecompressBatchBytes)},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s default %v, the consumer's %v", tc.name, tc.got, tc.want)
+		}
 	}
 }
 
