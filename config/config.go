@@ -14,6 +14,8 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/kdedup/kdedup/consumer"
+	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
 	"github.com/kdedup/kdedup/store"
 )
@@ -31,28 +33,28 @@ const Prefix = "KDEDUP_"
 // check a hand-built one with [Config.Validate].
 type Config struct {
 	// Kafka.
-	Brokers            []string      `env:"BROKERS,required" doc:"Kafka seed brokers, comma-separated host:port"`
-	InputTopics        []string      `env:"INPUT_TOPICS,required" doc:"Topics to deduplicate, comma-separated, without duplicates and without OUTPUT_TOPIC"`
-	OutputTopic        string        `env:"OUTPUT_TOPIC,required" doc:"Topic that receives the first record seen for each key"`
-	DuplicatesTopic    string        `env:"DUPLICATES_TOPIC" envDefault:"" doc:"Topic that receives every dropped record (duplicate or over MAX_OCCURRENCES) with headers kdedup-reason and kdedup-source, to audit false drops; not OUTPUT_TOPIC nor an input topic; empty disables it"`
-	DeadLetterTopic    string        `env:"DEAD_LETTER_TOPIC" envDefault:"" doc:"Topic that receives each record that cannot be forwarded because of the record itself (larger than its target topic's max.message.bytes, rejected by the broker as invalid, or a batch over MAX_DECOMPRESS_BYTES) with headers kdedup-dead-letter-reason, kdedup-source and kdedup-target, and processing goes on; not OUTPUT_TOPIC, DUPLICATES_TOPIC nor an input topic; empty stops the worker (exit 1) with an error naming the record"`
-	MaxRecordBytes     ByteSize      `env:"MAX_RECORD_BYTES" envDefault:"0" doc:"Largest record batch the worker produces to each topic, 512B to 1GiB, as the broker counts it against max.message.bytes; 0 reads each target topic's max.message.bytes from the brokers at start-up (1048588 when they do not tell)"`
-	MaxDecompressBytes ByteSize      `env:"MAX_DECOMPRESS_BYTES" envDefault:"64MiB" doc:"Largest size an input record batch may decompress to, 1MiB to 1GiB; a larger one (a compression bomb) is not decompressed: it goes to DEAD_LETTER_TOPIC as a record without value, or stops the worker naming its offsets"`
-	Group              string        `env:"GROUP" envDefault:"kdedup" doc:"Consumer group; the workers of one group share the partitions of INPUT_TOPICS"`
-	InstanceID         string        `env:"INSTANCE_ID" envDefault:"" doc:"Static group membership (KIP-345): a member id unique in GROUP and stable across restarts, such as the pod name; a member restarting within SESSION_TIMEOUT gets its partitions, and their local state, back without a rebalance; letters, digits, '.', '_' and '-'; empty joins as a dynamic member"`
-	StartOffset        string        `env:"START_OFFSET" envDefault:"earliest" doc:"Where a partition with no committed offset in the group begins when the group has no committed offset in its topic either (the group's first start, a new input topic): earliest or latest; a partition added to a topic the group has committed offsets in is read from its start whatever this says"`
-	MetadataMaxAge     time.Duration `env:"METADATA_MAX_AGE" envDefault:"30s" doc:"Longest time between Kafka metadata refreshes, 1s to 1h: partitions added to an input topic are assigned within about this long"`
-	SessionTimeout     time.Duration `env:"SESSION_TIMEOUT" envDefault:"45s" doc:"Consumer group session timeout, 1s to 30m (brokers enforce group.min.session.timeout.ms, 6s by default); a worker silent this long loses its partitions to a rebalance"`
-	Delivery           string        `env:"DELIVERY" envDefault:"at-least-once" doc:"at-least-once (a crash may forward the records of one flush interval again) or exactly-once (Kafka transactions: output and input offsets commit atomically; read the output with isolation.level=read_committed)"`
-	TransactionalID    string        `env:"TRANSACTIONAL_ID" envDefault:"" doc:"Transactional id with DELIVERY=exactly-once; empty means one unique to this process (KIP-447 fences by group generation, so it need not survive restarts)"`
-	Rebuild            string        `env:"REBUILD" envDefault:"replay" doc:"A partition with no local state: replay (rebuild its filter from the earliest retained input, forwarding nothing, up to the group's offset) or empty (start with an empty filter and accept repeats of keys seen before)"`
-	Key                string        `env:"KEY" envDefault:"" doc:"What makes two records duplicates: empty or key for the record key, header:NAME for the value of header NAME, json:PATH for a gjson path into the JSON record value"`
-	DeleteHeader       string        `env:"DELETE_HEADER" envDefault:"" doc:"NAME=VALUE: a record carrying header NAME with value VALUE deletes its key from the filter; empty disables deletes"`
-	ForwardTombstones  bool          `env:"FORWARD_TOMBSTONES" envDefault:"true" doc:"Forward tombstones (records with a null value) to OUTPUT_TOPIC: true or false"`
-	MaxOccurrences     int           `env:"MAX_OCCURRENCES" envDefault:"1" doc:"Records forwarded per key until it is deleted (or, with WINDOW, within the window), 1 to 2*BUCKET_SIZE; 1 deduplicates, more throttles (later records are dropped as over the limit)"`
-	Window             time.Duration `env:"WINDOW" envDefault:"0s" doc:"How long a key is remembered, in record time (record timestamps, never the wall clock): at least WINDOW and at most WINDOW plus one generation span past its record's timestamp; 0 remembers keys until they are deleted"`
-	WindowGenerations  int           `env:"WINDOW_GENERATIONS" envDefault:"8" doc:"Generations a WINDOW is cut into, 1 to 64: expiry drops a whole generation (WINDOW/WINDOW_GENERATIONS of record time) at once; more generations forget closer to WINDOW but cost about log2(WINDOW_GENERATIONS+1) fingerprint bits per key"`
-	WindowRefresh      bool          `env:"WINDOW_REFRESH" envDefault:"false" doc:"With WINDOW: true re-remembers a key each time one of its records is dropped, so a key keeps being dropped while it recurs at least once per WINDOW (sliding expiry); false forgets it WINDOW after the record that was forwarded"`
+	Brokers            []string          `env:"BROKERS,required" doc:"Kafka seed brokers, comma-separated host:port"`
+	InputTopics        []string          `env:"INPUT_TOPICS,required" doc:"Topics to deduplicate, comma-separated, without duplicates and without OUTPUT_TOPIC"`
+	OutputTopic        string            `env:"OUTPUT_TOPIC,required" doc:"Topic that receives the first record seen for each key"`
+	DuplicatesTopic    string            `env:"DUPLICATES_TOPIC" envDefault:"" doc:"Topic that receives every dropped record (duplicate or over MAX_OCCURRENCES) with headers kdedup-reason and kdedup-source, to audit false drops; not OUTPUT_TOPIC nor an input topic; empty disables it"`
+	DeadLetterTopic    string            `env:"DEAD_LETTER_TOPIC" envDefault:"" doc:"Topic that receives each record that cannot be forwarded because of the record itself (larger than its target topic's max.message.bytes, rejected by the broker as invalid, or a batch over MAX_DECOMPRESS_BYTES) with headers kdedup-dead-letter-reason, kdedup-source and kdedup-target, and processing goes on; not OUTPUT_TOPIC, DUPLICATES_TOPIC nor an input topic; empty stops the worker (exit 1) with an error naming the record"`
+	MaxRecordBytes     ByteSize          `env:"MAX_RECORD_BYTES" envDefault:"0" doc:"Largest record batch the worker produces to each topic, 512B to 1GiB, as the broker counts it against max.message.bytes; 0 reads each target topic's max.message.bytes from the brokers at start-up (1048588 when they do not tell)"`
+	MaxDecompressBytes ByteSize          `env:"MAX_DECOMPRESS_BYTES" envDefault:"64MiB" doc:"Largest size an input record batch may decompress to, 1MiB to 1GiB; a larger one (a compression bomb) is not decompressed: it goes to DEAD_LETTER_TOPIC as a record without value, or stops the worker naming its offsets"`
+	Group              string            `env:"GROUP" envDefault:"kdedup" doc:"Consumer group; the workers of one group share the partitions of INPUT_TOPICS"`
+	InstanceID         string            `env:"INSTANCE_ID" envDefault:"" doc:"Static group membership (KIP-345): a member id unique in GROUP and stable across restarts, such as the pod name; a member restarting within SESSION_TIMEOUT gets its partitions, and their local state, back without a rebalance; letters, digits, '.', '_' and '-'; empty joins as a dynamic member"`
+	StartOffset        StartOffset       `env:"START_OFFSET" envDefault:"earliest" doc:"Where a partition with no committed offset in the group begins when the group has no committed offset in its topic either (the group's first start, a new input topic): earliest or latest; a partition added to a topic the group has committed offsets in is read from its start whatever this says"`
+	MetadataMaxAge     time.Duration     `env:"METADATA_MAX_AGE" envDefault:"30s" doc:"Longest time between Kafka metadata refreshes, 1s to 1h: partitions added to an input topic are assigned within about this long"`
+	SessionTimeout     time.Duration     `env:"SESSION_TIMEOUT" envDefault:"45s" doc:"Consumer group session timeout, 1s to 30m (brokers enforce group.min.session.timeout.ms, 6s by default); a worker silent this long loses its partitions to a rebalance"`
+	Delivery           consumer.Delivery `env:"DELIVERY" envDefault:"at-least-once" doc:"at-least-once (a crash may forward the records of one flush interval again) or exactly-once (Kafka transactions: output and input offsets commit atomically; read the output with isolation.level=read_committed)"`
+	TransactionalID    string            `env:"TRANSACTIONAL_ID" envDefault:"" doc:"Transactional id with DELIVERY=exactly-once; empty means one unique to this process (KIP-447 fences by group generation, so it need not survive restarts)"`
+	Rebuild            Rebuild           `env:"REBUILD" envDefault:"replay" doc:"A partition with no local state: replay (rebuild its filter from the earliest retained input, forwarding nothing, up to the group's offset) or empty (start with an empty filter and accept repeats of keys seen before)"`
+	Key                string            `env:"KEY" envDefault:"" doc:"What makes two records duplicates: empty or key for the record key, header:NAME for the value of header NAME, json:PATH for a gjson path into the JSON record value"`
+	DeleteHeader       string            `env:"DELETE_HEADER" envDefault:"" doc:"NAME=VALUE: a record carrying header NAME with value VALUE deletes its key from the filter; empty disables deletes"`
+	ForwardTombstones  bool              `env:"FORWARD_TOMBSTONES" envDefault:"true" doc:"Forward tombstones (records with a null value) to OUTPUT_TOPIC: true or false"`
+	MaxOccurrences     int               `env:"MAX_OCCURRENCES" envDefault:"1" doc:"Records forwarded per key until it is deleted (or, with WINDOW, within the window), 1 to 2*BUCKET_SIZE; 1 deduplicates, more throttles (later records are dropped as over the limit)"`
+	Window             time.Duration     `env:"WINDOW" envDefault:"0s" doc:"How long a key is remembered, in record time (record timestamps, never the wall clock): at least WINDOW and at most WINDOW plus one generation span past its record's timestamp; 0 remembers keys until they are deleted"`
+	WindowGenerations  int               `env:"WINDOW_GENERATIONS" envDefault:"8" doc:"Generations a WINDOW is cut into, 1 to 64: expiry drops a whole generation (WINDOW/WINDOW_GENERATIONS of record time) at once; more generations forget closer to WINDOW but cost about log2(WINDOW_GENERATIONS+1) fingerprint bits per key"`
+	WindowRefresh      bool              `env:"WINDOW_REFRESH" envDefault:"false" doc:"With WINDOW: true re-remembers a key each time one of its records is dropped, so a key keeps being dropped while it recurs at least once per WINDOW (sliding expiry); false forgets it WINDOW after the record that was forwarded"`
 
 	// Kafka security.
 	TLSEnabled       bool   `env:"TLS_ENABLED" envDefault:"false" doc:"Connect to the brokers over TLS: true or false"`
@@ -91,28 +93,36 @@ type Config struct {
 }
 
 // Limits enforced by Validate; the doc tags on Config state them for users.
+// The filter's own limits (fingerprint width, bucket size, kicks,
+// expansion, generations, capacity per page size) are the filter's
+// constants and checks, and the largest write batch the store's
+// (store.MaxFlushBytes); those below are kdedup's.
 const (
-	maxCapacity   = 1 << 32
-	maxMaxKicks   = 100_000
-	maxExpansion  = 64
-	minPageBytes  = 512
-	maxPageBytes  = 64 * KiB
-	minCachePages = 16
-	maxFlushBytes = 128 * MiB
-	minWindowSpan = time.Second
-	// maxWindowGenerations is filter.MaxGenerations.
-	maxWindowGenerations = 64
-	minFlushInterval     = 10 * time.Millisecond
-	maxFlushInterval     = time.Hour
-	minSessionTimeout    = time.Second
-	minMetadataMaxAge    = time.Second
-	maxMetadataMaxAge    = time.Hour
-	maxSessionTimeout    = 30 * time.Minute
-	maxTopicNameLength   = 249 // Kafka's limit, from org.apache.kafka.common.internals.Topic.
-	minShutdownTimeout   = time.Second
-	maxShutdownTimeout   = time.Hour
-	minLivenessTimeout   = 10 * time.Second
-	maxLivenessTimeout   = 2 * time.Hour
+	maxCapacity = 1 << 32
+	// minPageBytes and maxPageBytes are the page sizes kdedup supports,
+	// inside what the store and the filter accept (store.MaxPageBytes,
+	// filter.MaxPageBytes, filter.MinPageBytes; TestPageLimitsWithinOwners
+	// ties them): below 512B a page's Badger key (up to 270 bytes with the
+	// longest topic name) outweighs the page, and above 64KiB a cache miss
+	// reads, and a page rewrite writes, 16 default pages for one key, while
+	// an exactly-once transaction at the default FLUSH_BYTES covers at most
+	// 64 records (FLUSH_BYTES/PAGE_BYTES/2).
+	minPageBytes       = 512
+	maxPageBytes       = 64 * KiB
+	minCachePages      = 16
+	maxFlushBytes      = 128 * MiB
+	minWindowSpan      = time.Second
+	minFlushInterval   = 10 * time.Millisecond
+	maxFlushInterval   = time.Hour
+	minSessionTimeout  = time.Second
+	minMetadataMaxAge  = time.Second
+	maxMetadataMaxAge  = time.Hour
+	maxSessionTimeout  = 30 * time.Minute
+	maxTopicNameLength = 249 // Kafka's limit, from org.apache.kafka.common.internals.Topic.
+	minShutdownTimeout = time.Second
+	maxShutdownTimeout = time.Hour
+	minLivenessTimeout = 10 * time.Second
+	maxLivenessTimeout = 2 * time.Hour
 	// minRecordBytes and maxRecordBytes bound a record batch as franz-go
 	// accepts them (kgo.ProducerBatchMaxBytes: 512 to 1<<30).
 	minRecordBytes = 512
@@ -231,6 +241,9 @@ func hidden(name string, fields []field) bool {
 }
 
 func parseReason(t reflect.Type, err error) string {
+	if r := choiceReasonOf(t); r != "" {
+		return r
+	}
 	switch {
 	case t == reflect.TypeFor[ByteSize]():
 		return byteSizeParseReason
@@ -252,6 +265,21 @@ func parseReason(t reflect.Type, err error) string {
 		return "must be a non-negative integer"
 	}
 	return err.Error()
+}
+
+// choiceReasonOf is the reason for a value of type t that names none of
+// its values, from the names the type's owner gives them, or "" when t is
+// not such a type.
+func choiceReasonOf(t reflect.Type) string {
+	switch t {
+	case reflect.TypeFor[StartOffset]():
+		return choiceReason(StartEarliest, StartLatest)
+	case reflect.TypeFor[consumer.Delivery]():
+		return choiceReason(consumer.AtLeastOnce, consumer.ExactlyOnce)
+	case reflect.TypeFor[Rebuild]():
+		return choiceReason(RebuildReplay, RebuildEmpty)
+	}
+	return ""
 }
 
 // Validate checks every rule of every variable, including those that relate
@@ -327,16 +355,16 @@ func (c Config) Validate() error {
 	if c.Group == "" {
 		v.add("Group", c.Group, "must not be empty")
 	}
-	if c.StartOffset != "earliest" && c.StartOffset != "latest" {
-		v.add("StartOffset", c.StartOffset, "must be earliest or latest")
+	if int(c.StartOffset) >= len(startOffsetNames) {
+		v.add("StartOffset", c.StartOffset, choiceReasonOf(reflect.TypeFor[StartOffset]()))
 	}
-	if c.Delivery != "at-least-once" && c.Delivery != "exactly-once" {
-		v.add("Delivery", c.Delivery, "must be at-least-once or exactly-once")
+	if !c.Delivery.Valid() {
+		v.add("Delivery", c.Delivery, choiceReasonOf(reflect.TypeFor[consumer.Delivery]()))
 	}
-	if c.Rebuild != "replay" && c.Rebuild != "empty" {
-		v.add("Rebuild", c.Rebuild, "must be replay or empty")
+	if int(c.Rebuild) >= len(rebuildNames) {
+		v.add("Rebuild", c.Rebuild, choiceReasonOf(reflect.TypeFor[Rebuild]()))
 	}
-	if c.TransactionalID != "" && c.Delivery != "exactly-once" {
+	if c.TransactionalID != "" && c.Delivery != consumer.ExactlyOnce {
 		v.add("TransactionalID", c.TransactionalID, "is only used with KDEDUP_DELIVERY=exactly-once")
 	}
 	if c.InstanceID != "" {
@@ -351,7 +379,7 @@ func (c Config) Validate() error {
 	if c.MetadataMaxAge < minMetadataMaxAge || c.MetadataMaxAge > maxMetadataMaxAge {
 		v.add("MetadataMaxAge", c.MetadataMaxAge, fmt.Sprintf("must be from %s to %s", formatDuration(minMetadataMaxAge), formatDuration(maxMetadataMaxAge)))
 	}
-	if kind, _ := c.KeySource(); kind == KeyInvalid {
+	if _, err := dedup.ParseKey(c.Key); err != nil {
 		v.add("Key", c.Key, `must be empty, "key", "header:NAME" or "json:PATH", with NAME and PATH not empty`)
 	}
 	if _, _, ok := c.DeleteHeaderNameValue(); !ok && c.DeleteHeader != "" {
@@ -359,21 +387,22 @@ func (c Config) Validate() error {
 	}
 
 	// Cuckoo filter.
-	if c.FingerprintBits != 0 && (c.FingerprintBits < 4 || c.FingerprintBits > 32) {
-		v.add("FingerprintBits", c.FingerprintBits, "must be 0 (derive from TARGET_FPR) or from 4 to 32")
+	fingerprintOK := c.FingerprintBits == 0 || c.FingerprintBits >= filter.MinFingerprintBits && c.FingerprintBits <= filter.MaxFingerprintBits
+	if !fingerprintOK {
+		v.add("FingerprintBits", c.FingerprintBits, fmt.Sprintf("must be 0 (derive from TARGET_FPR) or from %d to %d", filter.MinFingerprintBits, filter.MaxFingerprintBits))
 	}
 	if !(c.TargetFPR > 0 && c.TargetFPR < 1) {
 		v.add("TargetFPR", c.TargetFPR, "must be between 0 and 1, such as 0.0001")
 	}
-	bucketOK := c.BucketSize == 2 || c.BucketSize == 4 || c.BucketSize == 8
+	bucketOK := filter.ValidBucketSize(c.BucketSize)
 	if !bucketOK {
 		v.add("BucketSize", c.BucketSize, "must be 2, 4 or 8")
 	}
 	if c.Capacity < 1 || c.Capacity > maxCapacity {
 		v.add("Capacity", c.Capacity, fmt.Sprintf("must be from 1 to %d keys", uint64(maxCapacity)))
 	}
-	filterOK := bucketOK && (c.FingerprintBits == 0 || c.FingerprintBits >= 4 && c.FingerprintBits <= 32) &&
-		c.TargetFPR > 0 && c.TargetFPR < 1 && c.WindowGenerations >= 1 && c.WindowGenerations <= maxWindowGenerations && c.Window >= 0
+	filterOK := bucketOK && fingerprintOK &&
+		c.TargetFPR > 0 && c.TargetFPR < 1 && c.WindowGenerations >= 1 && c.WindowGenerations <= filter.MaxGenerations && c.Window >= 0
 	pageOK := c.PageBytes >= minPageBytes && c.PageBytes <= maxPageBytes && c.PageBytes&(c.PageBytes-1) == 0
 	if filterOK && pageOK && c.Capacity <= maxCapacity {
 		if most := c.FilterParams().MaxCapacity(); c.Capacity > most {
@@ -381,11 +410,11 @@ func (c Config) Validate() error {
 				most, c.PageBytes, c.FilterParams().SubFilterBits(0)))
 		}
 	}
-	if c.MaxKicks < 1 || c.MaxKicks > maxMaxKicks {
-		v.add("MaxKicks", c.MaxKicks, fmt.Sprintf("must be from 1 to %d", maxMaxKicks))
+	if c.MaxKicks < 1 || c.MaxKicks > filter.MaxMaxKicks {
+		v.add("MaxKicks", c.MaxKicks, fmt.Sprintf("must be from 1 to %d", filter.MaxMaxKicks))
 	}
-	if c.Expansion < 1 || c.Expansion > maxExpansion {
-		v.add("Expansion", c.Expansion, fmt.Sprintf("must be from 1 to %d", maxExpansion))
+	if c.Expansion < 1 || c.Expansion > filter.MaxExpansion {
+		v.add("Expansion", c.Expansion, fmt.Sprintf("must be from 1 to %d", filter.MaxExpansion))
 	}
 	// A bucket pair holds 2*BUCKET_SIZE copies of a key's fingerprint; a
 	// higher limit would add a sub-filter on every occurrence of a hot key.
@@ -401,8 +430,8 @@ func (c Config) Validate() error {
 	case c.Window > 0 && c.Window < time.Duration(max(c.WindowGenerations, 1))*minWindowSpan:
 		v.add("Window", c.Window, fmt.Sprintf("must be 0 or at least %s per generation (WINDOW_GENERATIONS)", formatDuration(minWindowSpan)))
 	}
-	if c.WindowGenerations < 1 || c.WindowGenerations > maxWindowGenerations {
-		v.add("WindowGenerations", c.WindowGenerations, fmt.Sprintf("must be from 1 to %d", maxWindowGenerations))
+	if c.WindowGenerations < 1 || c.WindowGenerations > filter.MaxGenerations {
+		v.add("WindowGenerations", c.WindowGenerations, fmt.Sprintf("must be from 1 to %d", filter.MaxGenerations))
 	}
 	if c.WindowRefresh && c.Window == 0 {
 		v.add("WindowRefresh", c.WindowRefresh, "needs KDEDUP_WINDOW: without a window keys are never forgotten")
@@ -573,37 +602,6 @@ func (c Config) Liveness() time.Duration {
 		return c.LivenessTimeout
 	}
 	return max(5*time.Minute, 2*c.SessionTimeout+time.Minute)
-}
-
-// KeyKind says where a record's deduplication key comes from; see KEY.
-type KeyKind int
-
-const (
-	// KeyInvalid is reported for a KEY that Validate rejects.
-	KeyInvalid KeyKind = iota
-	// KeyRecord uses the record key. A record with a null key has an empty
-	// key.
-	KeyRecord
-	// KeyHeader uses the value of the header named by the argument.
-	KeyHeader
-	// KeyJSON uses the result of the gjson path in the argument, applied to
-	// the record value.
-	KeyJSON
-)
-
-// KeySource splits KEY into its kind and argument: the header name for
-// KeyHeader, the gjson path for KeyJSON, and "" otherwise. An empty KEY and
-// "key" are KeyRecord.
-func (c Config) KeySource() (kind KeyKind, arg string) {
-	switch {
-	case c.Key == "" || c.Key == "key":
-		return KeyRecord, ""
-	case strings.HasPrefix(c.Key, "header:") && len(c.Key) > len("header:"):
-		return KeyHeader, strings.TrimPrefix(c.Key, "header:")
-	case strings.HasPrefix(c.Key, "json:") && len(c.Key) > len("json:"):
-		return KeyJSON, strings.TrimPrefix(c.Key, "json:")
-	}
-	return KeyInvalid, ""
 }
 
 // DeleteHeaderNameValue splits DELETE_HEADER at its first '='. ok is false

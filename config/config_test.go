@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kdedup/kdedup/consumer"
 )
 
 // required is the smallest valid environment.
@@ -59,11 +61,11 @@ func TestLoadDefaults(t *testing.T) {
 		InputTopics:        []string{"orders", "payments"},
 		OutputTopic:        "deduped",
 		Group:              "kdedup",
-		StartOffset:        "earliest",
+		StartOffset:        StartEarliest,
 		MetadataMaxAge:     30 * time.Second,
 		SessionTimeout:     45 * time.Second,
-		Delivery:           "at-least-once",
-		Rebuild:            "replay",
+		Delivery:           consumer.AtLeastOnce,
+		Rebuild:            RebuildReplay,
 		Key:                "",
 		DeleteHeader:       "",
 		ForwardTombstones:  true,
@@ -90,9 +92,6 @@ func TestLoadDefaults(t *testing.T) {
 	}
 	if err := want.Validate(); err != nil {
 		t.Errorf("Validate(defaults) = %v", err)
-	}
-	if kind, arg := c.KeySource(); kind != KeyRecord || arg != "" {
-		t.Errorf("KeySource() = %v, %q; want KeyRecord, \"\"", kind, arg)
 	}
 	if _, _, ok := c.DeleteHeaderNameValue(); ok {
 		t.Error("DeleteHeaderNameValue() ok with deletes disabled")
@@ -123,10 +122,12 @@ func TestLoadValid(t *testing.T) {
 		check func(Config) bool
 	}{
 		{"broker IPv6", []string{"KDEDUP_BROKERS", "[::1]:9092"}, func(c Config) bool { return c.Brokers[0] == "[::1]:9092" }},
-		{"start latest", []string{"KDEDUP_START_OFFSET", "latest"}, func(c Config) bool { return c.StartOffset == "latest" }},
-		{"key literal", []string{"KDEDUP_KEY", "key"}, func(c Config) bool { k, _ := c.KeySource(); return k == KeyRecord }},
-		{"key header", []string{"KDEDUP_KEY", "header:id"}, func(c Config) bool { k, a := c.KeySource(); return k == KeyHeader && a == "id" }},
-		{"key json", []string{"KDEDUP_KEY", "json:order.id"}, func(c Config) bool { k, a := c.KeySource(); return k == KeyJSON && a == "order.id" }},
+		{"start latest", []string{"KDEDUP_START_OFFSET", "latest"}, func(c Config) bool { return c.StartOffset == StartLatest }},
+		{"exactly once", []string{"KDEDUP_DELIVERY", "exactly-once"}, func(c Config) bool { return c.Delivery == consumer.ExactlyOnce }},
+		{"rebuild empty", []string{"KDEDUP_REBUILD", "empty"}, func(c Config) bool { return c.Rebuild == RebuildEmpty }},
+		{"key literal", []string{"KDEDUP_KEY", "key"}, func(c Config) bool { return c.Key == "key" }},
+		{"key header", []string{"KDEDUP_KEY", "header:id"}, func(c Config) bool { return c.Key == "header:id" }},
+		{"key json", []string{"KDEDUP_KEY", "json:order.id"}, func(c Config) bool { return c.Key == "json:order.id" }},
 		{"fingerprint 8", []string{"KDEDUP_FINGERPRINT_BITS", "8"}, func(c Config) bool { return c.FingerprintBits == 8 }},
 		{"fingerprint 32", []string{"KDEDUP_FINGERPRINT_BITS", "32"}, func(c Config) bool { return c.FingerprintBits == 32 }},
 		{"fingerprint 12", []string{"KDEDUP_FINGERPRINT_BITS", "12"}, func(c Config) bool { return c.FingerprintBits == 12 }},

@@ -18,6 +18,16 @@
 // like a bad value, naming the closest known variable: a misspelt name
 // must not silently leave a setting at its default.
 //
-// Other packages never import config: cmd/kdedup copies the fields they need
-// into each package's own Options struct.
+// A limit or default that belongs to another package is that package's:
+// config validates through the filter's limits (filter.MaxMaxKicks,
+// filter.ValidBucketSize, Params.MaxCapacity and the like), the store's
+// (store.MaxFlushBytes), dedup's key parser (dedup.ParseKey) and the
+// consumer's delivery names (consumer.Delivery), and its tests tie each
+// envDefault to the owner's default. The limits config adds of its own,
+// such as the supported page sizes, say why beside their constants.
+// KDEDUP_DELIVERY, KDEDUP_START_OFFSET and KDEDUP_REBUILD are parsed once,
+// into typed values, so that nothing compares their strings again.
+//
+// Other packages never import config: internal/app copies the fields they
+// need into each package's own Options struct.
 package config

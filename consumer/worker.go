@@ -176,10 +176,10 @@ func (o Options) withDefaults() Options {
 		o.FlushInterval = time.Second
 	}
 	if o.FlushBytes == 0 {
-		o.FlushBytes = 8 << 20
+		o.FlushBytes = store.DefaultFlushBytes
 	}
 	if o.PageBytes == 0 {
-		o.PageBytes = 4096
+		o.PageBytes = store.DefaultPageBytes
 	}
 	if o.MaxDirtyPagesPerRecord <= 0 {
 		o.MaxDirtyPagesPerRecord = 1
@@ -356,53 +356,15 @@ func (w *Worker) connect() error {
 	w.mu.Lock()
 	w.connected = connected
 	w.mu.Unlock()
-	start := kgo.NewOffset().AtStart()
-	if w.opts.StartAtLatest {
-		start = kgo.NewOffset().AtEnd()
-	}
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(w.opts.Brokers...),
-		kgo.ConsumerGroup(w.opts.Group),
-		kgo.ConsumeTopics(w.opts.InputTopics...),
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
-		kgo.ConsumeResetOffset(start),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.SessionTimeout(w.opts.SessionTimeout),
-		kgo.HeartbeatInterval(min(3*time.Second, w.opts.SessionTimeout/3)),
-		// Recover from leadership changes within a second rather than
-		// franz-go's default 5s: a stalled produce holds a write batch or
-		// a transaction open.
-		kgo.MetadataMinAge(time.Second),
-		// franz-go's default (5m) is also how long partitions added to an
-		// input topic wait for an owner.
-		kgo.MetadataMaxAge(w.opts.MetadataMaxAge),
-		// A broker restarting accepts connections and closes them: franz-go
-		// takes an EOF on a connection's first read for a TLS or SASL
-		// mismatch and fails the request, which fails buffered records
-		// ("is TLS missing?") and the group session. The start-up access
-		// check (KDEDUP_TLS_*, KDEDUP_SASL_*) has already ruled a mismatch
-		// out, so such an EOF is an outage and is retried.
-		kgo.AlwaysRetryEOF(),
-		kgo.BlockRebalanceOnPoll(),
+	opts := append(w.opts.GroupClientOpts(),
 		kgo.OnPartitionsAssigned(w.assigned),
 		kgo.OnPartitionsRevoked(w.revoked),
 		kgo.OnPartitionsLost(w.lost),
 		kgo.AdjustFetchOffsetsFn(w.adjustOffsets),
-		kgo.DefaultProduceTopic(w.opts.OutputTopic),
 		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 { return producerBatchMaxBytes(w.maxRecordBytes(topic)) }),
-		kgo.MaxDecompressBatchBytes(w.opts.MaxDecompressBytes),
 		kgo.WithLogger(kslog.New(w.log)),
-	}
-	if w.opts.InstanceID != "" {
-		opts = append(opts, kgo.InstanceID(w.opts.InstanceID))
-	}
+	)
 	if w.opts.Delivery == ExactlyOnce {
-		opts = append(opts,
-			kgo.TransactionalID(w.opts.TransactionalID),
-			// A transaction must end before the session can expire, so
-			// that a member kicked from the group cannot commit late.
-			kgo.TransactionTimeout(min(40*time.Second, w.opts.SessionTimeout*3/4)),
-		)
 		sess, err := kgo.NewGroupTransactSession(w.clientOpts(opts)...)
 		if err != nil {
 			return fmt.Errorf("creating kafka transactional client: %w", err)
@@ -410,7 +372,6 @@ func (w *Worker) connect() error {
 		w.publish(sess, sess.Client())
 		return nil
 	}
-	opts = append(opts, kgo.AutoCommitMarks(), kgo.AutoCommitInterval(w.opts.FlushInterval))
 	cl, err := kgo.NewClient(w.clientOpts(opts)...)
 	if err != nil {
 		return fmt.Errorf("creating kafka client: %w", err)

@@ -20,7 +20,31 @@ const (
 	DefaultGenerations = 8
 	// MaxGenerations bounds Params.Generations.
 	MaxGenerations = 64
+	// MaxMaxKicks bounds Params.MaxKicks: a longer eviction walk costs more
+	// than the sub-filter it would spare.
+	MaxMaxKicks = 100_000
+	// MaxExpansion bounds Params.Expansion.
+	MaxExpansion = 64
+	// MaxPageBytes bounds Params.PageBytes (1 MiB): with BucketSize 2 and
+	// 4-bit fingerprints such a page holds 2^20 buckets, as many as a
+	// sub-filter has pages, and the page index and the bucket inside the
+	// page share the low 32 bits of the hash (Chain.position). Stores and
+	// callers may bound pages tighter for their own reasons
+	// (store.MaxPageBytes).
+	MaxPageBytes = 1 << 20
 )
+
+// ValidBucketSize reports whether b slots per bucket is a BucketSize that
+// Validate accepts: 2, 4 or 8, the sizes the paper measures (Fan et al.
+// 2014, section 5.1).
+func ValidBucketSize(b int) bool { return b == 2 || b == 4 || b == 8 }
+
+// MinPageBytes is the smallest Params.PageBytes that Validate accepts with
+// bucketSize slots per bucket: two buckets of the widest (32-bit)
+// fingerprints, since a key's two buckets are distinct buckets of one page.
+func MinPageBytes(bucketSize int) int {
+	return 2 * bucketSize * MaxFingerprintBits / 8
+}
 
 // Fingerprint widths a sub-filter may use, in bits.
 const (
@@ -141,20 +165,18 @@ func (p Params) Validate() error {
 	if p.FingerprintBits == 0 && !(p.TargetFPR > 0 && p.TargetFPR < 1) {
 		errs = append(errs, fmt.Errorf("filter: target false-positive rate %g: must be between 0 and 1", p.TargetFPR))
 	}
-	switch p.BucketSize {
-	case 2, 4, 8:
-	default:
+	if !ValidBucketSize(p.BucketSize) {
 		errs = append(errs, fmt.Errorf("filter: bucket size %d: must be 2, 4 or 8", p.BucketSize))
 	}
-	if p.MaxKicks < 1 || p.MaxKicks > 100_000 {
-		errs = append(errs, fmt.Errorf("filter: max kicks %d: must be 1..100000", p.MaxKicks))
+	if p.MaxKicks < 1 || p.MaxKicks > MaxMaxKicks {
+		errs = append(errs, fmt.Errorf("filter: max kicks %d: must be 1..%d", p.MaxKicks, MaxMaxKicks))
 	}
-	if p.Expansion < 1 || p.Expansion > 64 {
-		errs = append(errs, fmt.Errorf("filter: expansion %d: must be 1..64", p.Expansion))
+	if p.Expansion < 1 || p.Expansion > MaxExpansion {
+		errs = append(errs, fmt.Errorf("filter: expansion %d: must be 1..%d", p.Expansion, MaxExpansion))
 	}
-	if p.PageBytes <= 0 || p.PageBytes&(p.PageBytes-1) != 0 || p.PageBytes > 1<<20 {
+	if p.PageBytes <= 0 || p.PageBytes&(p.PageBytes-1) != 0 || p.PageBytes > MaxPageBytes {
 		errs = append(errs, fmt.Errorf("filter: page bytes %d: must be a power of two up to 1 MiB", p.PageBytes))
-	} else if len(errs) == 0 && p.PageBytes*8 < 2*p.BucketSize*MaxFingerprintBits {
+	} else if len(errs) == 0 && p.PageBytes < MinPageBytes(p.BucketSize) {
 		// A key's two buckets are distinct buckets of one page.
 		errs = append(errs, fmt.Errorf("filter: page bytes %d: smaller than two buckets of %d-bit fingerprints", p.PageBytes, MaxFingerprintBits))
 	}

@@ -1,6 +1,10 @@
 package store
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/kdedup/kdedup/filter"
+)
 
 // MaxFlushBytes is the boundary of what Open accepts, for every page size
 // config allows.
@@ -21,5 +25,19 @@ func TestMaxFlushBytes(t *testing.T) {
 	}
 	if got := MaxFlushBytes(512); got >= 128<<20 {
 		t.Errorf("MaxFlushBytes(512) = %d: 128MiB would fit, yet a write batch of 512B pages that large needs a memtable above 1GiB", got)
+	}
+}
+
+// MaxPageBytes is the largest power of two the filter allows whose stored
+// value (page and header) stays under Badger's ValueThreshold.
+func TestMaxPageBytes(t *testing.T) {
+	if MaxPageBytes&(MaxPageBytes-1) != 0 || MaxPageBytes > filter.MaxPageBytes {
+		t.Fatalf("MaxPageBytes %d: not a power of two up to filter.MaxPageBytes %d", MaxPageBytes, filter.MaxPageBytes)
+	}
+	if MaxPageBytes+pageBaseHeader >= valueThresholdBytes {
+		t.Errorf("a page of MaxPageBytes %d is stored as %d bytes, not under the ValueThreshold %d", MaxPageBytes, MaxPageBytes+pageBaseHeader, valueThresholdBytes)
+	}
+	if next := 2 * MaxPageBytes; next <= filter.MaxPageBytes && next+pageBaseHeader < valueThresholdBytes {
+		t.Errorf("pages of %d bytes would fit too", next)
 	}
 }

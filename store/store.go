@@ -59,13 +59,21 @@ var (
 
 // Defaults and limits of Options.
 const (
-	DefaultPageBytes  = 4096
+	// DefaultPageBytes is the filter's page size; the filter owns page
+	// geometry.
+	DefaultPageBytes  = filter.DefaultPageBytes
 	DefaultCacheBytes = 256 << 20
 	DefaultFlushBytes = 8 << 20
 
-	// MaxPageBytes keeps every page under Badger's default ValueThreshold
-	// (1 MiB), so pages live in the LSM tree and value-log GC has little to do.
-	MaxPageBytes = 512 << 10
+	// MaxPageBytes is the largest page the filter allows (filter.MaxPageBytes)
+	// whose value, the page and its header, stays under Badger's default
+	// ValueThreshold: the largest power of two below valueThresholdBytes
+	// (512 KiB). Pages then live in the LSM tree and value-log GC has little
+	// to do.
+	MaxPageBytes = min(filter.MaxPageBytes, valueThresholdBytes/2)
+	// valueThresholdBytes is Badger's default ValueThreshold (1 MiB), which
+	// Open keeps: values of this size or more go to the value log.
+	valueThresholdBytes = 1 << 20
 
 	// batchReserveBytes is the room a write batch keeps beside its pages for
 	// the chain metadata, the checkpoint and Badger's transaction marker.

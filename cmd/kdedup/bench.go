@@ -19,13 +19,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/config"
-	"github.com/kdedup/kdedup/internal/app"
+	"github.com/kdedup/kdedup/consumer"
+	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
@@ -81,18 +80,12 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("%w: -broker must be kfake or apache, not %q", errUsage, o.broker)
 	}
 	const in = "events"
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(o.partitions), in))
-	if err != nil {
-		return fmt.Errorf("starting in-process broker: %w", err)
-	}
-	defer cluster.Close()
-	o.brokers = cluster.ListenAddrs()
-	adm, err := kgo.NewClient(kgo.SeedBrokers(o.brokers...))
+	cluster, err := harness.NewCluster(o.partitions, in)
 	if err != nil {
 		return err
 	}
-	defer adm.Close()
-	o.adm = kadm.NewClient(adm)
+	defer cluster.Close()
+	o.cluster, o.brokers, o.adm = cluster, cluster.Brokers, cluster.Admin
 
 	_, keys, err := produceBench(ctx, o, in, stdout)
 	if err != nil {
@@ -156,6 +149,7 @@ type benchOptions struct {
 	records, partitions, rounds, bits   int
 	process                             bool
 	cacheBytes, heapProfile, cpuProfile string
+	cluster                             *harness.Cluster // -broker kfake
 	brokers                             []string
 	adm                                 *kadm.Client
 
@@ -174,7 +168,7 @@ func produceBench(ctx context.Context, o benchOptions, topic string, stdout io.W
 	// Generate yields about 1.27 records per key; cut the stream at o.records.
 	recs := scenario.Generate(scenario.Options{Keys: o.records*4/5 + 1})
 	for len(recs) < o.records {
-		recs = append(recs, cloneRecords(recs[:min(len(recs), o.records-len(recs))])...)
+		recs = append(recs, harness.CloneRecords(recs[:min(len(recs), o.records-len(recs))])...)
 	}
 	recs = recs[:o.records]
 	keys := map[string]struct{}{}
@@ -183,22 +177,9 @@ func produceBench(ctx context.Context, o benchOptions, topic string, stdout io.W
 			keys[string(r.Key)] = struct{}{}
 		}
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(o.brokers...))
-	if err != nil {
+	start := time.Now()
+	if err := o.cluster.Produce(ctx, topic, recs, stdout); err != nil {
 		return nil, 0, err
-	}
-	defer cl.Close()
-	start, last := time.Now(), time.Now()
-	const chunk = 50_000
-	for i := 0; i < len(recs); i += chunk {
-		if err := scenario.Produce(ctx, cl, topic, recs[i:min(i+chunk, len(recs))]); err != nil {
-			return nil, 0, err
-		}
-		if time.Since(last) >= 2*time.Second {
-			last = time.Now()
-			done := min(i+chunk, len(recs))
-			fmt.Fprintf(stdout, "  produced %d/%d records (%.0f%%)\n", done, len(recs), 100*float64(done)/float64(len(recs)))
-		}
 	}
 	fmt.Fprintf(stdout, "produced %d records to %s in %s\n", len(recs), topic, time.Since(start).Round(time.Millisecond))
 	return recs, len(keys), nil
@@ -230,13 +211,6 @@ func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io
 	if err != nil {
 		return runResult{}, fmt.Errorf("%w: %v", errUsage, err)
 	}
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	addr := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- app.Run(wctx, cfg, newLogger(os.Stderr, cfg.SlogLevel(), cfg.LogFormat), prometheus.NewRegistry(), func(a string) { addr <- a })
-	}()
 	if o.cpuProfile != "" {
 		f, err := os.Create(o.cpuProfile)
 		if err != nil {
@@ -249,28 +223,24 @@ func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 		o.cpuProfile = "" // one round only
 	}
-	var readyAt time.Time
-	select {
-	case a := <-addr:
-		if readyAt, err = waitReady(ctx, a, done); err != nil {
-			return runResult{}, err
-		}
-	case err := <-done:
-		return runResult{}, fmt.Errorf("worker stopped before listening: %w", err)
-	}
-	steady, err := waitGroup(ctx, o, group, readyAt, stdout)
+	w, err := harness.StartWorker(ctx, cfg, newLogger(os.Stderr, cfg.SlogLevel(), cfg.LogFormat))
 	if err != nil {
 		return runResult{}, err
 	}
-	res := runResult{elapsed: time.Since(readyAt), steady: steady}
+	steady, err := waitGroup(ctx, o, group, w.ReadyAt, stdout)
+	if err != nil {
+		_ = w.Stop()
+		return runResult{}, err
+	}
+	res := runResult{elapsed: time.Since(w.ReadyAt), steady: steady}
 	if o.heapProfile != "" {
 		if err := writeHeapProfile(o.heapProfile); err != nil {
+			_ = w.Stop()
 			return runResult{}, err
 		}
 	}
-	stop()
-	if err := <-done; err != nil {
-		return runResult{}, fmt.Errorf("worker: %w", err)
+	if err := w.Stop(); err != nil {
+		return runResult{}, err
 	}
 	return res, nil
 }
@@ -306,7 +276,7 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 	go func() { done <- cmd.Wait() }()
 	hwm := startHWMSampler(cmd.Process.Pid)
 	defer hwm.stop()
-	readyAt, err := waitReady(ctx, addr, done)
+	readyAt, err := harness.WaitReady(ctx, addr, done)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		return runResult{}, err
@@ -495,26 +465,16 @@ func runPassthrough(ctx context.Context, o benchOptions, group, out string, stdo
 	return res, lerr
 }
 
-// passthroughOpts are the passthrough's client options: the worker's
-// consumer settings; at least once (not transactional), it commits marked
-// offsets every interval.
+// passthroughOpts are the passthrough's client options: the worker's own
+// group client settings (consumer.Options.GroupClientOpts) for the same
+// brokers, input, group and output, at least once committing marked
+// offsets every interval, exactly once with a transactional id of its own.
 func passthroughOpts(brokers []string, group, out string, interval time.Duration, transactional bool) []kgo.Opt {
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(brokers...),
-		kgo.ConsumerGroup(group),
-		kgo.ConsumeTopics("events"),
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.SessionTimeout(45 * time.Second),
-		kgo.HeartbeatInterval(3 * time.Second),
-		kgo.MetadataMinAge(time.Second),
-		kgo.DefaultProduceTopic(out),
-	}
+	o := consumer.Options{Brokers: brokers, InputTopics: []string{"events"}, OutputTopic: out, Group: group, FlushInterval: interval}
 	if transactional {
-		return opts
+		o.Delivery, o.TransactionalID = consumer.ExactlyOnce, fmt.Sprintf("%s-%d", group, os.Getpid())
 	}
-	return append(opts, kgo.BlockRebalanceOnPoll(), kgo.AutoCommitMarks(), kgo.AutoCommitInterval(interval))
+	return o.GroupClientOpts()
 }
 
 // passthroughLoop polls, produces every record, and every interval flushes
@@ -581,63 +541,13 @@ func firstErr(first, next error) error {
 	return next
 }
 
-// waitGroup waits until group has committed the end of the input, printing
-// progress every two seconds, and returns the steady-state rate: the slope
-// of the committed offsets (sampled every 250ms) between the first sample
-// past 10% of the input and the last one short of 90%, which leaves out the
-// group join and the final commit intervals (0 when there are not two such
-// samples).
+// waitGroup waits, at most 30 minutes, until group has committed the end
+// of the input, printing progress, and returns the steady-state rate
+// (harness.WaitCommitted).
 func waitGroup(ctx context.Context, o benchOptions, group string, start time.Time, stdout io.Writer) (float64, error) {
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
-	caught := make(chan error, 1)
-	go func() { caught <- scenario.WaitCaughtUp(wctx, o.adm, group, "events") }()
-	type sample struct {
-		at time.Time
-		n  int64
-	}
-	var samples []sample
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
-	lastPrint := time.Now()
-	for {
-		select {
-		case err := <-caught:
-			if err != nil {
-				return 0, err
-			}
-			lo, hi := -1, -1
-			for i, sm := range samples {
-				if lo < 0 && sm.n >= int64(o.records)/10 {
-					lo = i
-				}
-				if sm.n <= int64(o.records)*9/10 {
-					hi = i
-				}
-			}
-			if lo < 0 || hi <= lo || samples[hi].n == samples[lo].n {
-				return 0, nil
-			}
-			return float64(samples[hi].n-samples[lo].n) / samples[hi].at.Sub(samples[lo].at).Seconds(), nil
-		case <-tick.C:
-			committed, err := o.adm.FetchOffsets(wctx, group)
-			if err != nil {
-				continue
-			}
-			var n int64
-			committed.Each(func(r kadm.OffsetResponse) {
-				if r.Topic == "events" && r.At > 0 {
-					n += r.At
-				}
-			})
-			samples = append(samples, sample{time.Now(), n})
-			if time.Since(lastPrint) >= 2*time.Second {
-				lastPrint = time.Now()
-				fmt.Fprintf(stdout, "  %s: %d/%d records committed (%.0f%%), %.0f records/s so far\n",
-					group, n, o.records, 100*float64(n)/float64(o.records), float64(n)/time.Since(start).Seconds())
-			}
-		}
-	}
+	return harness.WaitCommitted(wctx, o.adm, group, "events", o.records, start, stdout)
 }
 
 func median(xs []float64) float64 {

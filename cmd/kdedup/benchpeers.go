@@ -340,9 +340,7 @@ func passthroughChild(ctx context.Context, brokers []string, group, out, deliver
 		defer cl.Close()
 		return passthroughLoop(ctx, cl, interval)
 	}
-	s, err := kgo.NewGroupTransactSession(append(opts,
-		kgo.TransactionalID(fmt.Sprintf("%s-%d", group, os.Getpid())),
-		kgo.RequireStableFetchOffsets())...)
+	s, err := kgo.NewGroupTransactSession(opts...)
 	if err != nil {
 		return err
 	}
@@ -372,6 +370,7 @@ func passthroughChild(ctx context.Context, brokers []string, group, out, deliver
 					}
 				})
 			})
+			s.AllowRebalance() // the worker's settings block rebalances while polled records are handled
 		}
 		try := kgo.TryCommit
 		if err := s.Client().Flush(context.Background()); err != nil {

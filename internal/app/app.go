@@ -150,12 +150,12 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		MaxDecompressBytes: int(cfg.MaxDecompressBytes),
 		Group:              cfg.Group,
 		InstanceID:         cfg.InstanceID,
-		StartAtLatest:      cfg.StartOffset == "latest",
+		StartAtLatest:      cfg.StartOffset == config.StartLatest,
 		SessionTimeout:     cfg.SessionTimeout,
 		MetadataMaxAge:     cfg.MetadataMaxAge,
-		Delivery:           delivery(cfg),
+		Delivery:           cfg.Delivery,
 		TransactionalID:    cfg.TransactionalID,
-		RebuildEmpty:       cfg.Rebuild == "empty",
+		RebuildEmpty:       cfg.Rebuild == config.RebuildEmpty,
 		Window:             windowRebuild(cfg),
 		WindowGenerations:  cfg.WindowGenerations,
 		FlushInterval:      cfg.FlushInterval,
@@ -192,7 +192,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	log.Info("starting", "http", ln.Addr().String(), "brokers", strings.Join(cfg.Brokers, ","),
-		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "duplicates_topic", cfg.DuplicatesTopic, "dead_letter_topic", cfg.DeadLetterTopic, "group", cfg.Group, "delivery", cfg.Delivery, "data_dir", cfg.DataDir)
+		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "duplicates_topic", cfg.DuplicatesTopic, "dead_letter_topic", cfg.DeadLetterTopic, "group", cfg.Group, "delivery", cfg.Delivery.String(), "data_dir", cfg.DataDir)
 	if started != nil {
 		started(ln.Addr().String())
 	}
@@ -280,7 +280,7 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 		DropTombstones: !cfg.ForwardTombstones,
 		MaxOccurrences: cfg.MaxOccurrences,
 		Refresh:        cfg.WindowRefresh,
-		Staged:         delivery(cfg) == consumer.ExactlyOnce,
+		Staged:         cfg.Delivery == consumer.ExactlyOnce,
 		Filter:         cfg.FilterParams(),
 	}, nil
 }
@@ -293,13 +293,6 @@ func windowRebuild(cfg config.Config) time.Duration {
 		return cfg.Window
 	}
 	return 0
-}
-
-func delivery(cfg config.Config) consumer.Delivery {
-	if cfg.Delivery == "exactly-once" {
-		return consumer.ExactlyOnce
-	}
-	return consumer.AtLeastOnce
 }
 
 // httpHandler serves /metrics from reg, /readyz from ready and /healthz
