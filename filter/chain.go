@@ -291,10 +291,10 @@ func (c *Chain) Advance(ts int64) int {
 	return dropped
 }
 
-// oldestLive is the oldest generation still live at the watermark: the one
-// the watermark is in, minus Generations (G+1 live generations).
+// oldestLive is the oldest generation still live at the watermark
+// (Params.OldestLive).
 func (c *Chain) oldestLive() int64 {
-	return floorDiv(c.watermark, c.span) - int64(c.p.Generations)
+	return oldestLive(c.watermark, c.span, c.p.Generations)
 }
 
 // generationOf is the generation a record of timestamp ts is remembered
@@ -303,15 +303,7 @@ func (c *Chain) generationOf(ts int64) int64 {
 	if c.span == 0 {
 		return 0
 	}
-	return max(floorDiv(ts, c.span), c.oldestLive())
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if (a%b != 0) && ((a < 0) != (b < 0)) {
-		q--
-	}
-	return q
+	return max(generation(ts, c.span), c.oldestLive())
 }
 
 // open returns where hash h lives in sub-filter s and the page holding it:
