@@ -306,14 +306,6 @@ func (c *Chain) generationOf(ts int64) int64 {
 	return max(generation(ts, c.span), c.oldestLive())
 }
 
-// open returns where hash h lives in sub-filter s and the page holding it:
-// how every operation on one sub-filter begins.
-func (c *Chain) open(h uint64, s int) (position, []byte, error) {
-	pos := c.position(h, s)
-	pg, err := c.page(pos.id)
-	return pos, pg, err
-}
-
 // page reads page id from the pager and checks its length.
 func (c *Chain) page(id PageID) ([]byte, error) {
 	pg, err := c.pager.Page(id)
