@@ -67,14 +67,7 @@ func TestRebuildFromWindowDecidesAsTheWholeInput(t *testing.T) {
 		if rng.IntN(10) == 0 {
 			rts -= rng.Int64N(span)
 		}
-		kind := put
-		switch x := rng.IntN(100); {
-		case x < 1:
-			kind = unkeyed
-		case x < 3:
-			kind = tombstone
-		}
-		r := keyModes["key"].render(kind, fmt.Sprintf("user-%d", rng.IntN(keySpace)))
+		r := keyModes["key"].render(streamKind(rng), fmt.Sprintf("user-%d", rng.IntN(keySpace)))
 		r.Topic, r.Offset, r.Timestamp = topic, int64(i), time.UnixMilli(rts)
 		recs[i] = r
 	}
