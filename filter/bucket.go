@@ -15,15 +15,17 @@ type position struct {
 	sub    *SubFilter
 }
 
-// open returns where hash h lives in sub-filter s, and the page holding
-// it: how every operation on one sub-filter begins. The low 32 bits of h
+// open sets *pos to where hash h lives in sub-filter s and returns the
+// page holding it: how every operation on one sub-filter begins (pos is
+// an out parameter, as a returned position, page and error take more
+// registers than results are passed in). The low 32 bits of h
 // choose the page and the bucket inside it by one multiply-shift (Lemire's
 // fast range, twice): x = lo32*Pages, the page is x>>32 and the bucket in
 // the page is (uint32(x)*bucketsPerPage)>>32, so any page count works and
 // the two indexes use the bits of the product's two halves. The fingerprint
 // comes from the high 32 bits, so index and fingerprint never share bits.
 // The error is the page's (Chain.page).
-func (c *Chain) open(h uint64, s int) (position, []byte, error) {
+func (c *Chain) open(pos *position, h uint64, s int) ([]byte, error) {
 	sf := &c.subs[s]
 	x := uint64(uint32(h)) * sf.Pages
 	local := (x & 0xffffffff * sf.bucketsPerPage) >> 32
@@ -33,15 +35,14 @@ func (c *Chain) open(h uint64, s int) (position, []byte, error) {
 		fp = 1
 	}
 	bb := c.p.BucketSize * f
-	pos := position{
+	*pos = position{
 		id:  PageID{SubFilter: sf.ID, Page: uint32(x >> 32)},
 		b1:  int(local) * bb,
 		b2:  int(altLocal(local, fp, sf.bucketsPerPage)) * bb,
 		fp:  fp,
 		sub: sf,
 	}
-	pg, err := c.page(pos.id)
-	return pos, pg, err
+	return c.page(pos.id)
 }
 
 func fpMask(f int) uint32 { return uint32(uint64(1)<<f - 1) }

@@ -341,7 +341,8 @@ func (c *Chain) Count(key []byte) (int, error) {
 	h := c.hash(key)
 	n := 0
 	for s := len(c.subs) - 1; s >= 0; s-- {
-		pos, pg, err := c.open(h, s)
+		var pos position
+		pg, err := c.open(&pos, h, s)
 		if err != nil {
 			return 0, err
 		}
@@ -382,7 +383,8 @@ func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
 		}
 	}
 	if target >= 0 {
-		pos, pg, err := c.open(h, target)
+		var pos position
+		pg, err := c.open(&pos, h, target)
 		if err != nil {
 			return false, err
 		}
@@ -405,7 +407,8 @@ func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
 
 // lookup reports whether sub-filter s may hold h.
 func (c *Chain) lookup(h uint64, s int) (bool, error) {
-	pos, pg, err := c.open(h, s)
+	var pos position
+	pg, err := c.open(&pos, h, s)
 	if err != nil {
 		return false, err
 	}
@@ -532,7 +535,8 @@ func (c *Chain) Delete(key []byte) (bool, error) {
 // removeCopy empties one slot of sub-filter s holding h's fingerprint and
 // reports whether it found one.
 func (c *Chain) removeCopy(h uint64, s int) (bool, error) {
-	pos, pg, err := c.open(h, s)
+	var pos position
+	pg, err := c.open(&pos, h, s)
 	if err != nil {
 		return false, err
 	}

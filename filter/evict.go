@@ -15,7 +15,8 @@ type kick struct {
 // candidate bucket, else by an eviction walk. A walk that fails after MaxKicks
 // is rolled back and place returns false with the page unchanged.
 func (c *Chain) place(h uint64, s int) (bool, error) {
-	pos, pg, err := c.open(h, s)
+	var pos position
+	pg, err := c.open(&pos, h, s)
 	if err != nil {
 		return false, err
 	}

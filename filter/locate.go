@@ -18,7 +18,8 @@ func (c *Chain) Locate(key []byte) ([]Location, error) {
 	h := c.hash(key)
 	var locs []Location
 	for s := range c.subs {
-		pos, pg, err := c.open(h, s)
+		var pos position
+		pg, err := c.open(&pos, h, s)
 		if err != nil {
 			return nil, err
 		}
