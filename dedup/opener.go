@@ -49,10 +49,6 @@ func (o *Opener) Options() Options { return o.opts }
 // under p's Options (Options.Forwards).
 func (p *Partition) Forwards(d Decision) bool { return p.opts.Forwards(d) }
 
-// Staged reports whether p keeps its filter changes in an overlay until
-// CommitStaged (Options.Staged), as exactly-once delivery needs.
-func (p *Partition) Staged() bool { return p.opts.Staged }
-
 // MaxDirtyBytesPerRecord bounds the size of the write batch deciding one
 // record can add, in bytes: MaxDirtyPagesPerRecord pages of
 // Filter.PageBytes (after defaults), as Partition.DirtyBytes counts them.
