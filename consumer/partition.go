@@ -200,7 +200,7 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 	if len(recs) > 0 {
 		pw.lastActive = time.Now()
 	}
-	forwards, dups := pw.w.opts.Forwards, pw.w.opts.DuplicatesTopic
+	dups := pw.w.opts.DuplicatesTopic
 	for _, r := range recs {
 		if r.Offset < pw.next.Offset {
 			continue // decided before a restart: the checkpoint covers it (see plan)
@@ -220,7 +220,7 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 			pw.w.log.Debug("record cannot be keyed; forwarded unchanged", "topic", pw.topic, "partition", pw.partition, "offset", r.Offset, "reason", pw.d.LastKeyError())
 		}
 		sent := true
-		if forwards(d) {
+		if pw.d.Forwards(d) {
 			sent = pw.send(r, pw.output(r), produce)
 		} else if reason := dropReason(d); reason != "" && dups != "" {
 			sent = pw.send(r, pw.dropped(r, reason), produce)

@@ -32,10 +32,9 @@ import (
 func (w *Worker) transactLoop(ctx context.Context) error {
 	// One transaction's dirtied pages must fit in half a write batch
 	// (flushDue cuts one at the other half). The bound per record is
-	// static (Options.MaxDirtyPagesPerRecord, from the deduplicator's
-	// options), so the first transaction after a start or a rebalance is
-	// sized like every other.
-	maxRecords := int(max(1, min(pollRecords, w.opts.FlushBytes/int64(w.opts.PageBytes)/2/int64(w.opts.MaxDirtyPagesPerRecord))))
+	// static (dedup.Options.MaxDirtyBytesPerRecord), so the first
+	// transaction after a start or a rebalance is sized like every other.
+	maxRecords := int(max(1, min(pollRecords, w.opts.FlushBytes/2/w.opts.Dedup.Options().MaxDirtyBytesPerRecord())))
 	for ctx.Err() == nil {
 		w.live.stamp("polling and running a transaction")
 		pctx, cancel := context.WithTimeout(ctx, w.opts.FlushInterval)

@@ -37,6 +37,13 @@ const (
 	ExactlyOnce
 )
 
+// ErrStaging is returned by New when the deduplicators of Options.Dedup
+// stage their changes (dedup.Options.Staged) and the delivery is not
+// ExactlyOnce, or the other way round: exactly once needs the changes of a
+// transaction held back until it commits, and at least once needs them in
+// the write batches.
+var ErrStaging = errors.New("consumer: the deduplicator stages its changes if and only if delivery is exactly once")
+
 // Options configure a Worker. Fields without a stated default are required.
 type Options struct {
 	// Brokers are the seed brokers, host:port.
@@ -108,18 +115,6 @@ type Options struct {
 	// By default its filter is rebuilt by replaying the input from the
 	// earliest retained offset up to the group's offset, forwarding nothing.
 	RebuildEmpty bool
-	// Window and WindowGenerations, when set, make a rebuild replay from
-	// the start of the dedup window (dedup.Options.Filter.Window and
-	// Generations) instead of the earliest retained offset (see
-	// windowStart). Set them only when the filter's state at any offset
-	// depends on the window before it alone: with dedup.Options.Refresh and
-	// MaxOccurrences 1, where a key is remembered iff one of its records
-	// lies in a live generation. Without refresh a key is forwarded again a
-	// window after its last forwarded record, which depends on records
-	// further back (a chain of forwards), and with a higher limit the count
-	// of copies does too; a rebuild from the window start would differ.
-	Window            time.Duration
-	WindowGenerations int
 	// FlushInterval is the longest time between write batches of a
 	// partition, and the group commit interval (default 1s). It bounds what a
 	// crash can forward twice at least once, and what recovery replays.
@@ -127,20 +122,20 @@ type Options struct {
 	// FlushBytes cuts a write batch early when a partition's dirty pages
 	// reach it (default 8 MiB). It must fit in one Badger transaction.
 	FlushBytes int64
-	// PageBytes is the filter page size (default 4096). With ExactlyOnce a
-	// transaction covers at most FlushBytes/PageBytes/2 records, divided by
-	// the pages one record can dirty (dedup.Partition.MaxDirtyPagesPerRecord,
-	// 1 unless MaxOccurrences is above 1), so that the pages it dirties fit
-	// in a write batch.
-	PageBytes int
-	// Open opens the deduplicator of an assigned topic-partition. It is
-	// called from the group's callbacks, one partition at a time; with
-	// ExactlyOnce the deduplicator must stage its changes
-	// (dedup.Options.Staged).
-	Open func(topic string, partition int32) (*dedup.Partition, error)
-	// Forwards reports whether a decision's record goes to the output topic
-	// (dedup.Options.Forwards).
-	Forwards func(dedup.Decision) bool
+	// Dedup opens the deduplicator of each assigned topic-partition, from
+	// the group's callbacks, one partition at a time. The worker asks it,
+	// and the deduplicators it opens, which decisions forward
+	// (dedup.Partition.Forwards), where a rebuild may start
+	// (dedup.Options.RebuildFrom: from the start of the dedup window when
+	// the state depends on it alone, else from the earliest retained
+	// offset) and how many records one transaction may hold: with
+	// ExactlyOnce at most FlushBytes/2 divided by the bytes one record can
+	// dirty (dedup.Options.MaxDirtyBytesPerRecord), so that the pages a
+	// transaction dirties fit in half a write batch whatever the partitions
+	// it touches. Its deduplicators must stage their changes
+	// (dedup.Options.Staged) with ExactlyOnce and must not without: New
+	// returns ErrStaging otherwise.
+	Dedup *dedup.Opener
 	// Logger receives the worker's and franz-go's logs (default
 	// slog.Default()).
 	Logger *slog.Logger
@@ -154,12 +149,6 @@ type Options struct {
 	// such as plugin/kprom, which registers its metrics once per hook and
 	// so cannot be shared with a second client, test settings).
 	ClientOpts []kgo.Opt
-	// MaxDirtyPagesPerRecord bounds the filter pages one record can dirty
-	// (dedup.Options.MaxDirtyPagesPerRecord; default 1). With ExactlyOnce a
-	// transaction covers at most FlushBytes/PageBytes/2 records divided by
-	// it, so that the pages a transaction dirties fit in half a write
-	// batch whatever the partitions it touches.
-	MaxDirtyPagesPerRecord int
 }
 
 func (o Options) withDefaults() Options {
@@ -177,12 +166,6 @@ func (o Options) withDefaults() Options {
 	}
 	if o.FlushBytes == 0 {
 		o.FlushBytes = store.DefaultFlushBytes
-	}
-	if o.PageBytes == 0 {
-		o.PageBytes = store.DefaultPageBytes
-	}
-	if o.MaxDirtyPagesPerRecord <= 0 {
-		o.MaxDirtyPagesPerRecord = 1
 	}
 	if o.MaxDecompressBytes == 0 {
 		o.MaxDecompressBytes = 64 << 20
@@ -263,8 +246,14 @@ func New(opts Options) (*Worker, error) {
 	if d := opts.DeadLetterTopic; d != "" && (d == opts.OutputTopic || d == opts.DuplicatesTopic || slices.Contains(opts.InputTopics, d)) {
 		errs = append(errs, fmt.Errorf("consumer: dead-letter topic %q is also the output, the duplicates or an input topic", d))
 	}
-	if opts.Open == nil || opts.Forwards == nil {
-		errs = append(errs, errors.New("consumer: Open and Forwards are required"))
+	switch {
+	case opts.Dedup == nil:
+		errs = append(errs, errors.New("consumer: Dedup is required"))
+	case opts.Dedup.Options().Staged != (opts.Delivery == ExactlyOnce):
+		// Exactly once, changes applied before their transaction commits
+		// would outlive an abort; at least once, staged changes would
+		// never reach the write batches.
+		errs = append(errs, fmt.Errorf("%w: exactly once %t, staged %t", ErrStaging, opts.Delivery == ExactlyOnce, opts.Dedup.Options().Staged))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -521,7 +510,7 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 	cl.ResumeFetchPartitions(assigned)
 	for topic, partitions := range assigned {
 		for _, p := range partitions {
-			d, err := w.opts.Open(topic, p)
+			d, err := w.opts.Dedup.Open(topic, p)
 			if err != nil {
 				w.fail(err)
 				continue
@@ -652,13 +641,10 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 }
 
 // windowStart is where a rebuild of topic/partition up to offset group
-// starts: 0 without a window; with one, the first offset whose timestamp
-// is at or after the start of the generation before the oldest one live at
-// the partition's watermark at group (the highest timestamp before group).
-// Records before it are in generations that a worker which had processed
-// the whole input would have dropped by group; the extra generation absorbs
-// timestamps up to a span out of order. Further out of order, a key first
-// seen before the start can be missed (and its next record forwarded).
+// starts: 0 unless the deduplicator's state depends on the dedup window
+// alone (dedup.Options.RebuildsFromWindow); then the first offset whose
+// timestamp is at or after dedup.Options.RebuildFrom of the partition's
+// watermark at group (the highest timestamp before group).
 //
 // The watermark is found with timestamp lookups alone (ListOffsets by
 // timestamp, as kadm.ListOffsetsAfterMilli): "the first offset with a
@@ -667,7 +653,8 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 // a lookup fails the rebuild replays everything retained, which is correct,
 // only slower.
 func (w *Worker) windowStart(ctx context.Context, adm *kadm.Client, topic string, p int32, group int64) (int64, error) {
-	if w.opts.Window <= 0 || w.opts.WindowGenerations <= 0 {
+	dopts := w.opts.Dedup.Options()
+	if !dopts.RebuildsFromWindow() {
 		return 0, nil
 	}
 	offsetAfter := func(millis int64) (int64, error) {
@@ -710,12 +697,7 @@ func (w *Worker) windowStart(ctx context.Context, adm *kadm.Client, topic string
 		w.log.Info("cannot locate the dedup window in the input; rebuilding from the earliest retained offset", "topic", topic, "partition", p, "err", err)
 		return 0, nil
 	}
-	span := w.opts.Window.Milliseconds() / int64(w.opts.WindowGenerations)
-	gen := lo / span // lo >= -1: floor division only differs at -1
-	if lo < 0 {
-		gen = -1
-	}
-	startMillis := (gen - int64(w.opts.WindowGenerations) - 1) * span
+	startMillis, _ := dopts.RebuildFrom(lo)
 	from, err := offsetAfter(startMillis)
 	if err != nil || from < 0 {
 		w.log.Info("cannot locate the dedup window in the input; rebuilding from the earliest retained offset", "topic", topic, "partition", p, "err", err)

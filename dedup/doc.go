@@ -23,6 +23,14 @@
 // its own secret seed, so keys colliding with another's cannot be computed
 // from outside.
 //
+// A process opens its partitions through one Opener, so that they share
+// one set of Options, and the rules those Options decide are asked of dedup
+// rather than copied: which decisions forward (Options.Forwards), whether
+// changes are staged for exactly-once delivery (Options.Staged), the bytes
+// one record can dirty (Options.MaxDirtyBytesPerRecord) and where a rebuild
+// may start (Options.RebuildFrom, with package filter's generation
+// arithmetic).
+//
 // dedup does no network I/O; package consumer feeds it records and produces
 // what it forwards.
 package dedup

@@ -98,6 +98,18 @@ func (m *windowDecisionModel) decide(kind recordKind, key string, ts int64) Deci
 	return d
 }
 
+// streamKind draws the kind of a record of a random stream: 1% unkeyed, 2%
+// tombstones, the rest puts.
+func streamKind(rng *rand.Rand) recordKind {
+	switch x := rng.IntN(100); {
+	case x < 1:
+		return unkeyed
+	case x < 3:
+		return tombstone
+	}
+	return put
+}
+
 // TestWindowDecisionsAgainstExactModel decides a random stream with record
 // timestamps (mostly increasing, 10% out of order, 2% older than the
 // window) through a windowed Partition, with and without refresh, at
@@ -147,13 +159,7 @@ func TestWindowDecisionsAgainstExactModel(t *testing.T) {
 							case x < 12:
 								rts -= window.Milliseconds() + brng.Int64N(span)
 							}
-							kind := put
-							switch x := brng.IntN(100); {
-							case x < 1:
-								kind = unkeyed
-							case x < 3:
-								kind = tombstone
-							}
+							kind := streamKind(brng)
 							k := fmt.Sprintf("user-%d", brng.IntN(keySpace))
 							r := keyModes["key"].render(kind, k)
 							r.Topic, r.Offset, r.Timestamp = topic, int64(off), time.UnixMilli(rts)

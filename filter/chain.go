@@ -108,11 +108,6 @@ type Chain struct {
 	kicks     []kick // reused eviction log
 }
 
-type kick struct {
-	slot int    // bit offset of the slot in the page
-	old  uint32 // fingerprint the slot held before the kick
-}
-
 // New returns an empty chain with a secret hash seed (RandomSeed). Without
 // a window it has one sub-filter sized for p.Capacity; with one, each
 // generation gets its first sub-filter when its first key arrives. No page
@@ -135,6 +130,35 @@ func NewWithSeed(p Params, seed Seed, pager Pager) (*Chain, error) {
 	if c.span == 0 {
 		c.subs = []SubFilter{c.subFilter(0, 0, p.firstPages())}
 	}
+	return c, nil
+}
+
+// Open returns the chain described by meta (as written by MarshalMeta), over
+// pager, with the hash seed meta holds. It returns ErrParams, naming the
+// stored and the configured values, when meta was written with another
+// format version, hash or Params than p (after defaults): a chain's layout
+// depends on all of them, and recovery relies on state being a function of
+// the seed, input and Params. A nil or empty meta is a new chain with a new
+// secret seed, as New.
+func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
+	if len(meta) == 0 {
+		return New(p, pager)
+	}
+	p = p.WithDefaults()
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := DecodeMeta(meta)
+	if err != nil {
+		return nil, err
+	}
+	if m.Params != p {
+		return nil, fmt.Errorf("%w: stored %s, configured %s", ErrParams, m.Params, p)
+	}
+	c := newChain(p, m.Seed, pager)
+	c.subs = m.SubFilters
+	c.nextID = m.NextID
+	c.watermark = m.Watermark
 	return c, nil
 }
 
@@ -267,10 +291,10 @@ func (c *Chain) Advance(ts int64) int {
 	return dropped
 }
 
-// oldestLive is the oldest generation still live at the watermark: the one
-// the watermark is in, minus Generations (G+1 live generations).
+// oldestLive is the oldest generation still live at the watermark
+// (Params.OldestLive).
 func (c *Chain) oldestLive() int64 {
-	return floorDiv(c.watermark, c.span) - int64(c.p.Generations)
+	return oldestLive(c.watermark, c.span, c.p.Generations)
 }
 
 // generationOf is the generation a record of timestamp ts is remembered
@@ -279,77 +303,10 @@ func (c *Chain) generationOf(ts int64) int64 {
 	if c.span == 0 {
 		return 0
 	}
-	return max(floorDiv(ts, c.span), c.oldestLive())
+	return max(generation(ts, c.span), c.oldestLive())
 }
 
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if (a%b != 0) && ((a < 0) != (b < 0)) {
-		q--
-	}
-	return q
-}
-
-// position is where a key lives in one sub-filter: its page, the bit
-// offsets of its two candidate buckets in that page (always distinct, see
-// altLocal), and its fingerprint.
-type position struct {
-	id     PageID
-	b1, b2 int // bit offsets of the buckets
-	fp     uint32
-	sub    *SubFilter
-}
-
-// position maps hash h into sub-filter s. The low 32 bits of h choose the
-// page and the bucket inside it by one multiply-shift (Lemire's fast range,
-// twice): x = lo32*Pages, the page is x>>32 and the bucket in the page is
-// (uint32(x)*bucketsPerPage)>>32, so any page count works and the two
-// indexes use the bits of the product's two halves. The fingerprint comes
-// from the high 32 bits, so index and fingerprint never share bits.
-func (c *Chain) position(h uint64, s int) position {
-	sf := &c.subs[s]
-	x := uint64(uint32(h)) * sf.Pages
-	local := (x & 0xffffffff * sf.bucketsPerPage) >> 32
-	f := sf.FingerprintBits
-	fp := uint32(h>>32) & fpMask(f)
-	if fp == 0 {
-		fp = 1
-	}
-	bb := c.p.BucketSize * f
-	return position{
-		id:  PageID{SubFilter: sf.ID, Page: uint32(x >> 32)},
-		b1:  int(local) * bb,
-		b2:  int(altLocal(local, fp, sf.bucketsPerPage)) * bb,
-		fp:  fp,
-		sub: sf,
-	}
-}
-
-func fpMask(f int) uint32 { return uint32(uint64(1)<<f - 1) }
-
-// altLocal is the page-local alternate bucket of partial-key cuckoo hashing
-// (Fan et al. section 3.1) over a page of n buckets, n even and at least 2
-// (Params.bucketsPerPage) but not a power of two in general:
-//
-//	alt(i) = (m - i) mod n, m = 2*(mix(fp) mod n/2) + 1
-//
-// It is an involution in i (alt(alt(i)) = i), like the paper's i XOR
-// hash(fp) for power-of-two n, so an eviction walk finds a fingerprint's
-// other bucket from the bucket it is in. m is odd and n even, so
-// 2i = m (mod n) has no solution: the alternate never equals the primary,
-// and every key has two distinct buckets, 2b slots, for its copies. (With an
-// odd n no involution is free of fixed points, hence the even n: an odd
-// page count of buckets gave about one key in n a single bucket.) mix takes
-// the high half of a 64-bit multiplicative hash so that every bit of fp
-// matters.
-func altLocal(local uint64, fp uint32, n uint64) uint64 {
-	m := (((uint64(fp)*0x9e3779b97f4a7c15)>>32)*(n/2)>>32)*2 + 1
-	if m >= local {
-		return m - local
-	}
-	return m + n - local
-}
-
+// page reads page id from the pager and checks its length.
 func (c *Chain) page(id PageID) ([]byte, error) {
 	pg, err := c.pager.Page(id)
 	if err != nil {
@@ -359,110 +316,6 @@ func (c *Chain) page(id PageID) ([]byte, error) {
 		return nil, fmt.Errorf("%w: page %d of sub-filter %d is %d bytes, want %d", ErrCorrupt, id.Page, id.SubFilter, len(pg), c.p.PageBytes)
 	}
 	return pg, nil
-}
-
-// get reads the f-bit slot at bit offset off, little endian.
-func get(pg []byte, off, f int) uint32 {
-	i, sh := off>>3, uint(off&7)
-	if i+8 <= len(pg) {
-		return uint32(binary.LittleEndian.Uint64(pg[i:])>>sh) & fpMask(f)
-	}
-	var w uint64
-	for k := 0; i+k < len(pg) && k < 8; k++ {
-		w |= uint64(pg[i+k]) << (8 * k)
-	}
-	return uint32(w>>sh) & fpMask(f)
-}
-
-// set writes fp into the f-bit slot at bit offset off.
-func set(pg []byte, off, f int, fp uint32) {
-	i, sh := off>>3, uint(off&7)
-	mask := uint64(fpMask(f)) << sh
-	if i+8 <= len(pg) {
-		w := binary.LittleEndian.Uint64(pg[i:])
-		binary.LittleEndian.PutUint64(pg[i:], w&^mask|uint64(fp)<<sh)
-		return
-	}
-	v := uint64(fp) << sh
-	for k := 0; i+k < len(pg) && k < 8; k++ {
-		b := uint64(pg[i+k])
-		m := (mask >> (8 * k)) & 0xff
-		pg[i+k] = byte(b&^m | (v>>(8*k))&m)
-	}
-}
-
-// bucketBits holds the bits of one bucket in registers: the 128 bits of the
-// page from the byte holding the bucket's first bit, so that its slots are
-// extracted with shifts instead of one memory load each. ok is false when
-// the bucket does not fit (more than 121 bits, as b=8 with f>15, or too
-// close to the end of the page); the slots are then read one by one.
-type bucketBits struct {
-	lo, hi uint64
-	sh     int
-	ok     bool
-}
-
-func loadBucket(pg []byte, off, bucketLen int) bucketBits {
-	i, sh := off>>3, off&7
-	if sh+bucketLen > 128 || i+16 > len(pg) {
-		return bucketBits{}
-	}
-	return bucketBits{lo: binary.LittleEndian.Uint64(pg[i:]), hi: binary.LittleEndian.Uint64(pg[i+8:]), sh: sh, ok: true}
-}
-
-// slot returns slot k of f bits.
-func (w bucketBits) slot(k, f int) uint32 {
-	p := uint(w.sh + k*f)
-	var v uint64
-	switch {
-	case p >= 64:
-		v = w.hi >> (p - 64)
-	case p+uint(f) <= 64:
-		v = w.lo >> p
-	default:
-		v = w.lo>>p | w.hi<<(64-p)
-	}
-	return uint32(v) & fpMask(f)
-}
-
-// count returns how many f-bit slots of the bucket at bit offset b hold fp.
-func (c *Chain) count(pg []byte, b, f int, fp uint32) int {
-	n := 0
-	bs := c.p.BucketSize
-	if w := loadBucket(pg, b, bs*f); w.ok {
-		for k := range bs {
-			if w.slot(k, f) == fp {
-				n++
-			}
-		}
-		return n
-	}
-	for k := range bs {
-		if get(pg, b+k*f, f) == fp {
-			n++
-		}
-	}
-	return n
-}
-
-// find returns the bit offset of the first f-bit slot of bucket b holding
-// fp, or -1.
-func (c *Chain) find(pg []byte, b, f int, fp uint32) int {
-	bs := c.p.BucketSize
-	if w := loadBucket(pg, b, bs*f); w.ok {
-		for k := range bs {
-			if w.slot(k, f) == fp {
-				return b + k*f
-			}
-		}
-		return -1
-	}
-	for k := range bs {
-		if off := b + k*f; get(pg, off, f) == fp {
-			return off
-		}
-	}
-	return -1
 }
 
 // Contains reports whether key may have been inserted: false means it was
@@ -488,13 +341,12 @@ func (c *Chain) Count(key []byte) (int, error) {
 	h := c.hash(key)
 	n := 0
 	for s := len(c.subs) - 1; s >= 0; s-- {
-		pos := c.position(h, s)
-		pg, err := c.page(pos.id)
+		var pos position
+		pg, err := c.open(&pos, h, s)
 		if err != nil {
 			return 0, err
 		}
-		f := pos.sub.FingerprintBits
-		n += c.count(pg, pos.b1, f, pos.fp) + c.count(pg, pos.b2, f, pos.fp)
+		n += c.copies(pg, pos)
 	}
 	return n, nil
 }
@@ -531,8 +383,8 @@ func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
 		}
 	}
 	if target >= 0 {
-		pos := c.position(h, target)
-		pg, err := c.page(pos.id)
+		var pos position
+		pg, err := c.open(&pos, h, target)
 		if err != nil {
 			return false, err
 		}
@@ -553,44 +405,10 @@ func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
 	return true, c.grow(h, gen)
 }
 
-// probe reads both buckets of pos once: found reports whether either holds
-// pos.fp, and empty is the bit offset of the first empty slot (the primary
-// bucket's first), or -1.
-func (c *Chain) probe(pg []byte, pos position) (found bool, empty int) {
-	f, bs := pos.sub.FingerprintBits, c.p.BucketSize
-	w1, w2 := loadBucket(pg, pos.b1, bs*f), loadBucket(pg, pos.b2, bs*f)
-	if !w1.ok || !w2.ok {
-		if c.find(pg, pos.b1, f, pos.fp) >= 0 || c.find(pg, pos.b2, f, pos.fp) >= 0 {
-			return true, -1
-		}
-		if empty = c.find(pg, pos.b1, f, 0); empty < 0 {
-			empty = c.find(pg, pos.b2, f, 0)
-		}
-		return false, empty
-	}
-	e1, e2 := -1, -1
-	for k := range bs {
-		s1, s2 := w1.slot(k, f), w2.slot(k, f)
-		if s1 == pos.fp || s2 == pos.fp {
-			return true, -1
-		}
-		if s1 == 0 && e1 < 0 {
-			e1 = pos.b1 + k*f
-		}
-		if s2 == 0 && e2 < 0 {
-			e2 = pos.b2 + k*f
-		}
-	}
-	if e1 >= 0 {
-		return false, e1
-	}
-	return false, e2
-}
-
 // lookup reports whether sub-filter s may hold h.
 func (c *Chain) lookup(h uint64, s int) (bool, error) {
-	pos := c.position(h, s)
-	pg, err := c.page(pos.id)
+	var pos position
+	pg, err := c.open(&pos, h, s)
 	if err != nil {
 		return false, err
 	}
@@ -699,83 +517,6 @@ func (c *Chain) grow(h uint64, gen int64) error {
 	return err
 }
 
-// place stores h's fingerprint in sub-filter s: in an empty slot of either
-// candidate bucket, else by an eviction walk. A walk that fails after MaxKicks
-// is rolled back and place returns false with the page unchanged.
-func (c *Chain) place(h uint64, s int) (bool, error) {
-	pos := c.position(h, s)
-	pg, err := c.page(pos.id)
-	if err != nil {
-		return false, err
-	}
-	return c.placeIn(h, s, pos, pg), nil
-}
-
-// placeIn is place on the page pg of pos, already read.
-func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
-	f := pos.sub.FingerprintBits
-	for _, b := range [2]int{pos.b1, pos.b2} {
-		if off := c.find(pg, b, f, 0); off >= 0 {
-			set(pg, off, f, pos.fp)
-			c.markSlot(pos.id, pg, off, f)
-			c.subs[s].Items++
-			return true
-		}
-	}
-
-	// Eviction walk (Fan et al. Algorithm 1), victims chosen by a PRNG
-	// seeded from the key's hash so that replays evict identically.
-	rng := splitmix64{state: h}
-	bb := c.p.BucketSize * f
-	n := pos.sub.bucketsPerPage
-	cur := pos.b1
-	if rng.next()&1 == 1 {
-		cur = pos.b2
-	}
-	fp := pos.fp
-	c.kicks = c.kicks[:0]
-	for range c.p.MaxKicks {
-		off := cur + int(rng.next()%uint64(c.p.BucketSize))*f
-		victim := get(pg, off, f)
-		set(pg, off, f, fp)
-		c.kicks = append(c.kicks, kick{slot: off, old: victim})
-		fp = victim
-		cur = int(altLocal(uint64(cur/bb), fp, n)) * bb
-		if off := c.find(pg, cur, f, 0); off >= 0 {
-			set(pg, off, f, fp)
-			if len(c.kicks) >= maxMarkedKicks {
-				// Slots all over the page changed: the page as a whole.
-				c.pager.MarkDirty(pos.id, pg)
-			} else {
-				for _, k := range c.kicks {
-					c.markSlot(pos.id, pg, k.slot, f)
-				}
-				c.markSlot(pos.id, pg, off, f)
-			}
-			c.subs[s].Items++
-			return true
-		}
-	}
-	for i := len(c.kicks) - 1; i >= 0; i-- {
-		set(pg, c.kicks[i].slot, f, c.kicks[i].old)
-	}
-	return false
-}
-
-// maxMarkedKicks is the length of an eviction walk from which the chain
-// reports its page changed as a whole instead of slot by slot: such a walk
-// moved fingerprints all over the page, and a store writing changed bytes
-// would write most of the page's bytes with a header each.
-const maxMarkedKicks = 16
-
-// markSlot tells the pager that the f-bit slot at bit offset off of page id
-// changed: the bytes it shares with its neighbours included, since a store
-// persists whole bytes.
-func (c *Chain) markSlot(id PageID, pg []byte, off, f int) {
-	lo := off >> 3
-	c.pager.MarkChanged(id, pg, lo, (off+f-1)>>3+1-lo)
-}
-
 // Delete removes one copy of key's fingerprint, newest sub-filter first, and
 // reports whether it found one. Deleting a key that was never inserted can
 // remove another key's matching fingerprint (RedisBloom's "false deletion");
@@ -794,8 +535,8 @@ func (c *Chain) Delete(key []byte) (bool, error) {
 // removeCopy empties one slot of sub-filter s holding h's fingerprint and
 // reports whether it found one.
 func (c *Chain) removeCopy(h uint64, s int) (bool, error) {
-	pos := c.position(h, s)
-	pg, err := c.page(pos.id)
+	var pos position
+	pg, err := c.open(&pos, h, s)
 	if err != nil {
 		return false, err
 	}
@@ -813,16 +554,4 @@ func (c *Chain) removeCopy(h uint64, s int) (bool, error) {
 		c.subs[s].Items--
 	}
 	return true, nil
-}
-
-// splitmix64 is the PRNG of eviction walks (Steele, Lea, Flood 2014); it is
-// tiny, has no state beyond one word and is fully determined by its seed.
-type splitmix64 struct{ state uint64 }
-
-func (r *splitmix64) next() uint64 {
-	r.state += 0x9e3779b97f4a7c15
-	z := r.state
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
 }

@@ -18,14 +18,12 @@ func (c *Chain) Locate(key []byte) ([]Location, error) {
 	h := c.hash(key)
 	var locs []Location
 	for s := range c.subs {
-		pos := c.position(h, s)
-		pg, err := c.page(pos.id)
+		var pos position
+		pg, err := c.open(&pos, h, s)
 		if err != nil {
 			return nil, err
 		}
-		f := pos.sub.FingerprintBits
-		n := c.count(pg, pos.b1, f, pos.fp) + c.count(pg, pos.b2, f, pos.fp)
-		if n > 0 {
+		if n := c.copies(pg, pos); n > 0 {
 			locs = append(locs, Location{SubFilter: *pos.sub, Copies: n})
 		}
 	}

@@ -202,32 +202,3 @@ func DecodeMeta(b []byte) (Meta, error) {
 	}
 	return m, nil
 }
-
-// Open returns the chain described by meta (as written by MarshalMeta), over
-// pager, with the hash seed meta holds. It returns ErrParams, naming the
-// stored and the configured values, when meta was written with another
-// format version, hash or Params than p (after defaults): a chain's layout
-// depends on all of them, and recovery relies on state being a function of
-// the seed, input and Params. A nil or empty meta is a new chain with a new
-// secret seed, as New.
-func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
-	if len(meta) == 0 {
-		return New(p, pager)
-	}
-	p = p.WithDefaults()
-	if err := p.Validate(); err != nil {
-		return nil, err
-	}
-	m, err := DecodeMeta(meta)
-	if err != nil {
-		return nil, err
-	}
-	if m.Params != p {
-		return nil, fmt.Errorf("%w: stored %s, configured %s", ErrParams, m.Params, p)
-	}
-	c := newChain(p, m.Seed, pager)
-	c.subs = m.SubFilters
-	c.nextID = m.NextID
-	c.watermark = m.Watermark
-	return c, nil
-}

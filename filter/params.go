@@ -219,13 +219,71 @@ func (p Params) String() string {
 		p.TargetFPR, p.FingerprintBits, p.BucketSize, p.Capacity, p.MaxKicks, p.Expansion, p.PageBytes, p.Window, p.Generations, p.KeySpec)
 }
 
-// spanMillis is the span of one generation in milliseconds (0 without a
-// window): Window/Generations, rounded down to whole milliseconds.
+// The generation arithmetic of a window: the chain, the rebuild planning of
+// a consumer and the inspection tools all compute generations with these,
+// so that they cannot disagree.
+
+// SpanMillis is the record time one generation covers, in milliseconds:
+// Window/Generations after defaults, rounded down to whole milliseconds
+// (Validate makes it at least 1); 0 without a window.
+func (p Params) SpanMillis() int64 { return p.WithDefaults().spanMillis() }
+
+// Generation is the generation of record timestamp ts (milliseconds since
+// the Unix epoch): ⌊ts/span⌋, so that generation g holds the timestamps
+// [GenerationStart(g), GenerationStart(g+1)); 0 without a window. A chain
+// keeps a record older than the window in its oldest live generation
+// instead (Chain.Advance).
+func (p Params) Generation(ts int64) int64 { return generation(ts, p.WithDefaults().spanMillis()) }
+
+// OldestLive is the oldest generation live when the watermark, the highest
+// record timestamp seen, is watermark (milliseconds since the Unix epoch):
+// Generation(watermark) minus Generations, since the generation the
+// watermark is in and the Generations before it are live (G+1); a chain
+// has dropped every older one. 0 without a window. The watermark must be
+// above math.MinInt64 + Generations*span, which every record timestamp is.
+func (p Params) OldestLive(watermark int64) int64 {
+	p = p.WithDefaults()
+	return oldestLive(watermark, p.spanMillis(), p.Generations)
+}
+
+// GenerationStart is the first record timestamp of generation gen, in
+// milliseconds since the Unix epoch: gen*span; 0 without a window.
+func (p Params) GenerationStart(gen int64) int64 { return gen * p.WithDefaults().spanMillis() }
+
+// spanMillis is SpanMillis of p with its defaults already applied.
 func (p Params) spanMillis() int64 {
 	if p.Window <= 0 || p.Generations <= 0 {
 		return 0
 	}
 	return p.Window.Milliseconds() / int64(p.Generations)
+}
+
+// generation is Params.Generation for a span in milliseconds (0: no
+// window).
+func generation(ts, span int64) int64 {
+	if span == 0 {
+		return 0
+	}
+	return floorDiv(ts, span)
+}
+
+// oldestLive is Params.OldestLive for a span in milliseconds (0: no
+// window) and g generations.
+func oldestLive(watermark, span int64, g int) int64 {
+	if span == 0 {
+		return 0
+	}
+	return floorDiv(watermark, span) - int64(g)
+}
+
+// floorDiv is a/b rounded towards negative infinity: timestamps before the
+// epoch (-1 for a record without one) fall in negative generations.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if (a%b != 0) && ((a < 0) != (b < 0)) {
+		q--
+	}
+	return q
 }
 
 // liveGenerations is how many generations can hold keys at once: G+1 with

@@ -155,10 +155,9 @@ func check(db *store.DB, tp store.TopicPartition, key []byte, maxOcc int) (check
 		Present:    present, Count: count, MaxOccurrences: maxOcc, Duplicate: count >= maxOcc,
 		EstimatedFPR: chain.Stats().EstimatedFPR, Locations: []locationReport{},
 	}
-	span := spanMillis(meta.Params)
 	for _, l := range locs {
 		lr := locationReport{SubFilter: l.SubFilter.ID, Generation: l.SubFilter.Generation, Copies: l.Copies}
-		lr.GenerationStart, lr.GenerationEnd = generationBounds(l.SubFilter.Generation, span)
+		lr.GenerationStart, lr.GenerationEnd = generationBounds(meta.Params, l.SubFilter.Generation)
 		rep.Locations = append(rep.Locations, lr)
 	}
 	return rep, nil

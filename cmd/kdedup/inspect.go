@@ -205,7 +205,6 @@ func inspectPartition(db *store.DB, tp store.TopicPartition) (pr partitionReport
 	}
 	defer sp.Close()
 	p := meta.Params
-	span := spanMillis(p)
 	pr = partitionReport{
 		Topic:         tp.Topic,
 		Partition:     tp.Partition,
@@ -214,7 +213,7 @@ func inspectPartition(db *store.DB, tp store.TopicPartition) (pr partitionReport
 		Params: paramsReport{
 			TargetFPR: p.TargetFPR, FingerprintBits: p.FingerprintBits, BucketSize: p.BucketSize,
 			Capacity: p.Capacity, MaxKicks: p.MaxKicks, Expansion: p.Expansion, PageBytes: p.PageBytes,
-			WindowMillis: p.Window.Milliseconds(), Generations: p.Generations, GenerationSpanMillis: span,
+			WindowMillis: p.Window.Milliseconds(), Generations: p.Generations, GenerationSpanMillis: p.SpanMillis(),
 			Key: p.KeySpec,
 		},
 		SubFilters: []subFilterReport{},
@@ -233,7 +232,7 @@ func inspectPartition(db *store.DB, tp store.TopicPartition) (pr partitionReport
 			EstimatedFPR: filter.ExpectedFPR(p.BucketSize, sf.FingerprintBits, load),
 			Bytes:        sf.Pages * uint64(p.PageBytes),
 		}
-		r.GenerationStart, r.GenerationEnd = generationBounds(sf.Generation, span)
+		r.GenerationStart, r.GenerationEnd = generationBounds(p, sf.Generation)
 		pr.SubFilters = append(pr.SubFilters, r)
 	}
 	pr.Totals = totalsReport{
@@ -415,24 +414,14 @@ func openChain(db *store.DB, tp store.TopicPartition) (sp *store.Partition, chai
 	return sp, chain, cp, meta, true, nil
 }
 
-// spanMillis is the record time one generation covers, in milliseconds (0
-// without a window): Window/Generations in whole milliseconds, as
-// filter.Params documents.
-func spanMillis(p filter.Params) int64 {
-	if p.Window <= 0 || p.Generations <= 0 {
-		return 0
-	}
-	return p.Window.Milliseconds() / int64(p.Generations)
-}
-
-// generationBounds returns the record times generation gen covers,
-// [gen*span, (gen+1)*span) (filter.SubFilter.Generation), or nils without a
+// generationBounds returns the record times generation gen covers under
+// p, [start, end) (filter.Params.GenerationStart), or nils without a
 // window.
-func generationBounds(gen, span int64) (start, end *string) {
-	if span == 0 {
+func generationBounds(p filter.Params, gen int64) (start, end *string) {
+	if p.SpanMillis() == 0 {
 		return nil, nil
 	}
-	s, e := recordTime(gen*span), recordTime((gen+1)*span)
+	s, e := recordTime(p.GenerationStart(gen)), recordTime(p.GenerationStart(gen+1))
 	return &s, &e
 }
 

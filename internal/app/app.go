@@ -133,7 +133,11 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		}
 	}
 
-	dm := dedup.NewMetrics(reg)
+	opener, err := dedup.NewOpener(db, dopts, dedup.NewMetrics(reg))
+	if err != nil {
+		closeDB()
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
 	kp := clientMetrics(reg)
 	w, err := consumer.New(consumer.Options{
 		Brokers:         cfg.Brokers,
@@ -156,18 +160,11 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		Delivery:           cfg.Delivery,
 		TransactionalID:    cfg.TransactionalID,
 		RebuildEmpty:       cfg.Rebuild == config.RebuildEmpty,
-		Window:             windowRebuild(cfg),
-		WindowGenerations:  cfg.WindowGenerations,
 		FlushInterval:      cfg.FlushInterval,
 		FlushBytes:         int64(cfg.FlushBytes),
-		PageBytes:          int(cfg.PageBytes),
-		Open: func(topic string, partition int32) (*dedup.Partition, error) {
-			return dedup.Open(db, topic, partition, dopts, dm)
-		},
-		Forwards:               dopts.Forwards,
-		MaxDirtyPagesPerRecord: dopts.MaxDirtyPagesPerRecord(),
-		Logger:                 log,
-		Registerer:             reg,
+		Dedup:              opener,
+		Logger:             log,
+		Registerer:         reg,
 		// The logger here replaces the one the worker gives its clients.
 		ConnOpts:   append(kafkaOpts, clientLogger(log, cfg.SlogLevel())),
 		ClientOpts: append([]kgo.Opt{kgo.WithHooks(kp)}, o.clientOpts...),
@@ -283,16 +280,6 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 		Staged:         cfg.Delivery == consumer.ExactlyOnce,
 		Filter:         cfg.FilterParams(),
 	}, nil
-}
-
-// windowRebuild is the window a rebuild may start at (consumer.Options.Window):
-// only with refresh and a limit of 1 is the state a function of the window
-// alone; otherwise rebuilds replay everything retained.
-func windowRebuild(cfg config.Config) time.Duration {
-	if cfg.WindowRefresh && cfg.MaxOccurrences == 1 {
-		return cfg.Window
-	}
-	return 0
 }
 
 // httpHandler serves /metrics from reg, /readyz from ready and /healthz

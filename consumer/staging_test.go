@@ -1,0 +1,43 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+
+	"github.com/kdedup/kdedup/dedup"
+	"github.com/kdedup/kdedup/store"
+)
+
+// TestNewRefusesStagingThatDoesNotMatchDelivery: a worker is built only
+// with a deduplicator that stages its changes exactly when delivery is
+// exactly once. Exactly once without staging would keep the filter
+// changes of an aborted transaction (the input is read again and its keys
+// are duplicates: records lost); at least once with staging would never
+// write the changes of a decided record (its key is forgotten on restart).
+func TestNewRefusesStagingThatDoesNotMatchDelivery(t *testing.T) {
+	db, err := store.Open(store.Options{InMemory: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	for _, delivery := range []Delivery{AtLeastOnce, ExactlyOnce} {
+		for _, staged := range []bool{false, true} {
+			t.Run(fmt.Sprintf("exactly-once=%t/staged=%t", delivery == ExactlyOnce, staged), func(t *testing.T) {
+				opener, err := dedup.NewOpener(db, dedup.Options{Staged: staged}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, err = New(Options{Brokers: []string{"127.0.0.1:9092"}, InputTopics: []string{"in"}, OutputTopic: "out",
+					Delivery: delivery, Dedup: opener})
+				if want := staged != (delivery == ExactlyOnce); errors.Is(err, ErrStaging) != want || (!want && err != nil) {
+					t.Fatalf("New: %v; want ErrStaging: %t", err, want)
+				}
+			})
+		}
+	}
+	if _, err := New(Options{Brokers: []string{"127.0.0.1:9092"}, InputTopics: []string{"in"}, OutputTopic: "out"}); err == nil {
+		t.Fatal("New without a deduplicator: no error")
+	}
+}

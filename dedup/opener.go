@@ -1,0 +1,91 @@
+package dedup
+
+import (
+	"fmt"
+
+	"github.com/kdedup/kdedup/store"
+)
+
+// Opener opens the Partitions of one process: every topic-partition of one
+// store with the same Options. A consumer holds an Opener and asks it, and
+// the Partitions it opens, what the Options decide for all of them (which
+// decisions forward, whether changes are staged, the pages a record may
+// dirty, where a rebuild may start), instead of being handed copies of
+// those answers that could disagree with the Partitions it runs. Its
+// Options are fixed at NewOpener. Safe for concurrent use as far as
+// store.DB.Partition is; each Partition it opens is owned by one
+// goroutine.
+type Opener struct {
+	db   *store.DB
+	opts Options
+	m    *Metrics
+}
+
+// NewOpener returns an Opener of the partitions of db with opts, counted
+// in m (nil: unregistered metrics). It returns ErrOptions (wrapped) for
+// opts out of range and the filter's error for invalid opts.Filter, which
+// Open would return for every partition.
+func NewOpener(db *store.DB, opts Options, m *Metrics) (*Opener, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	f := opts.Filter
+	f.KeySpec = opts.Key.String() // as Open stores it
+	if err := f.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrOptions, err)
+	}
+	return &Opener{db: db, opts: opts, m: m}, nil
+}
+
+// Open opens the state of topic/partition (see Open).
+func (o *Opener) Open(topic string, partition int32) (*Partition, error) {
+	return Open(o.db, topic, partition, o.opts, o.m)
+}
+
+// Options returns the Options every Partition of o is opened with.
+func (o *Opener) Options() Options { return o.opts }
+
+// Forwards reports whether a record decided d goes to the output topic
+// under p's Options (Options.Forwards).
+func (p *Partition) Forwards(d Decision) bool { return p.opts.Forwards(d) }
+
+// MaxDirtyBytesPerRecord bounds the size of the write batch deciding one
+// record can add, in bytes: MaxDirtyPagesPerRecord pages of
+// Filter.PageBytes (after defaults), as Partition.DirtyBytes counts them.
+// Static, so that a batch of records can be sized before any partition is
+// open.
+func (o Options) MaxDirtyBytesPerRecord() int64 {
+	return int64(o.MaxDirtyPagesPerRecord()) * int64(o.Filter.WithDefaults().PageBytes)
+}
+
+// RebuildsFromWindow reports whether the filter state of a partition at
+// any offset is a function of the records of the dedup window before it
+// alone, so that a rebuild may replay from RebuildFrom instead of the
+// earliest retained offset. It holds with a window (Filter.Window),
+// Refresh and MaxOccurrences 1: a key is then remembered iff one of its
+// records lies in a live generation. Without Refresh a key is forwarded
+// again a window after its last forwarded record, which depends on records
+// further back (a chain of forwards), and with a higher limit the count of
+// copies does too: a rebuild from the window's start would decide
+// differently.
+func (o Options) RebuildsFromWindow() bool {
+	return o.Filter.WithDefaults().Window > 0 && o.Refresh && o.maxOccurrences() == 1
+}
+
+// RebuildFrom is the record timestamp (milliseconds since the Unix epoch)
+// from which a rebuild must replay a partition's input so that its filter
+// decides the records after the rebuild as one that processed the whole
+// input would, given the partition's watermark where the rebuild ends (the
+// highest timestamp before it): the start of the generation before the
+// oldest one live at the watermark (filter.Params.OldestLive). Records
+// before it are in generations that the whole-input filter dropped; the
+// extra generation absorbs timestamps up to a span out of order (further
+// out of order, a key first seen before it can be missed). ok is false
+// when RebuildsFromWindow does not hold: a rebuild then replays everything
+// retained.
+func (o Options) RebuildFrom(watermark int64) (millis int64, ok bool) {
+	if !o.RebuildsFromWindow() {
+		return 0, false
+	}
+	return o.Filter.GenerationStart(o.Filter.OldestLive(watermark) - 1), true
+}

@@ -1,0 +1,101 @@
+package filter
+
+// Eviction: placing a fingerprint in a sub-filter whose candidate buckets
+// are full by moving others to their alternate buckets (Fan et al.
+// Algorithm 1), deterministically, so that replays reproduce the state.
+
+// kick is one step of an eviction walk, logged so that a walk that fails
+// can be rolled back.
+type kick struct {
+	slot int    // bit offset of the slot in the page
+	old  uint32 // fingerprint the slot held before the kick
+}
+
+// place stores h's fingerprint in sub-filter s: in an empty slot of either
+// candidate bucket, else by an eviction walk. A walk that fails after MaxKicks
+// is rolled back and place returns false with the page unchanged.
+func (c *Chain) place(h uint64, s int) (bool, error) {
+	var pos position
+	pg, err := c.open(&pos, h, s)
+	if err != nil {
+		return false, err
+	}
+	return c.placeIn(h, s, pos, pg), nil
+}
+
+// placeIn is place on the page pg of pos, already read.
+func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
+	f := pos.sub.FingerprintBits
+	for _, b := range [2]int{pos.b1, pos.b2} {
+		if off := c.find(pg, b, f, 0); off >= 0 {
+			set(pg, off, f, pos.fp)
+			c.markSlot(pos.id, pg, off, f)
+			c.subs[s].Items++
+			return true
+		}
+	}
+
+	// Eviction walk (Fan et al. Algorithm 1), victims chosen by a PRNG
+	// seeded from the key's hash so that replays evict identically.
+	rng := splitmix64{state: h}
+	bb := c.p.BucketSize * f
+	n := pos.sub.bucketsPerPage
+	cur := pos.b1
+	if rng.next()&1 == 1 {
+		cur = pos.b2
+	}
+	fp := pos.fp
+	c.kicks = c.kicks[:0]
+	for range c.p.MaxKicks {
+		off := cur + int(rng.next()%uint64(c.p.BucketSize))*f
+		victim := get(pg, off, f)
+		set(pg, off, f, fp)
+		c.kicks = append(c.kicks, kick{slot: off, old: victim})
+		fp = victim
+		cur = int(altLocal(uint64(cur/bb), fp, n)) * bb
+		if off := c.find(pg, cur, f, 0); off >= 0 {
+			set(pg, off, f, fp)
+			if len(c.kicks) >= maxMarkedKicks {
+				// Slots all over the page changed: the page as a whole.
+				c.pager.MarkDirty(pos.id, pg)
+			} else {
+				for _, k := range c.kicks {
+					c.markSlot(pos.id, pg, k.slot, f)
+				}
+				c.markSlot(pos.id, pg, off, f)
+			}
+			c.subs[s].Items++
+			return true
+		}
+	}
+	for i := len(c.kicks) - 1; i >= 0; i-- {
+		set(pg, c.kicks[i].slot, f, c.kicks[i].old)
+	}
+	return false
+}
+
+// maxMarkedKicks is the length of an eviction walk from which the chain
+// reports its page changed as a whole instead of slot by slot: such a walk
+// moved fingerprints all over the page, and a store writing changed bytes
+// would write most of the page's bytes with a header each.
+const maxMarkedKicks = 16
+
+// markSlot tells the pager that the f-bit slot at bit offset off of page id
+// changed: the bytes it shares with its neighbours included, since a store
+// persists whole bytes.
+func (c *Chain) markSlot(id PageID, pg []byte, off, f int) {
+	lo := off >> 3
+	c.pager.MarkChanged(id, pg, lo, (off+f-1)>>3+1-lo)
+}
+
+// splitmix64 is the PRNG of eviction walks (Steele, Lea, Flood 2014); it is
+// tiny, has no state beyond one word and is fully determined by its seed.
+type splitmix64 struct{ state uint64 }
+
+func (r *splitmix64) next() uint64 {
+	r.state += 0x9e3779b97f4a7c15
+	z := r.state
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
