@@ -55,14 +55,19 @@ type dirtyPage struct {
 }
 
 // minDirtyBytes returns the least a dirty page of pageBytes counts in
-// Partition.DirtyBytes: half a page, and never less than Badger's skiplist
-// node size (on which Badger bases its limit on a transaction's entries,
-// MaxBatchSize over it) nor more than the page. Half a page keeps what a
-// write batch cut at FlushBytes holds in memory, the dirty pages outside
-// the cache, at most twice FlushBytes, and its entries at most two per
-// page of FlushBytes; a delta's own entry is far smaller.
+// Partition.DirtyBytes: a quarter of a page, and never less than Badger's
+// skiplist node size (on which Badger bases its limit on a transaction's
+// entries, MaxBatchSize over it) nor more than the page. A quarter of a
+// page keeps what a write batch cut at FlushBytes holds in memory, the
+// dirty pages outside the cache, at most four times FlushBytes, and its
+// entries at most four per page of FlushBytes; a delta's own entry is far
+// smaller. It was half a page: then a replay into a partition of more than
+// 2,048 pages (4 KiB pages, 8 MiB FlushBytes: about 5 million keys) cut a
+// write batch every 2,048 pages dirtied, about one delta entry per record
+// (a Badger skiplist insert each), where a quarter lets the flush interval
+// cut it with several records per delta up to twice that state.
 func minDirtyBytes(pageBytes int) int64 {
-	return min(max(int64(pageBytes/2), int64(skl.MaxNodeSize)), int64(pageBytes))
+	return min(max(int64(pageBytes/4), int64(skl.MaxNodeSize)), int64(pageBytes))
 }
 
 // sizeInBatch returns what d adds to a write batch, as Partition.DirtyBytes

@@ -93,13 +93,15 @@
 //
 // Partition.DirtyBytes counts what the write batch will write: a page
 // written whole as PageBytes, a delta as an upper bound of its entry (key,
-// runs with their headers, Badger's per-entry bytes), but at least half a
-// page, so that the dirty pages a batch cut at Options.FlushBytes holds
-// outside the cache stay within twice FlushBytes and its entries within two
-// per page of it (Badger limits both bytes and entries). Batches of deltas
-// thus hold up to twice as many pages before FlushBytes cuts them: with 20
-// million keys at 50,000 records a second, the flush interval cuts them,
-// where whole pages filled 8 MiB three times a second.
+// runs with their headers, Badger's per-entry bytes), but at least a
+// quarter of a page, so that the dirty pages a batch cut at
+// Options.FlushBytes holds outside the cache stay within four times
+// FlushBytes and its entries within four per page of it (Badger limits
+// both bytes and entries). Batches of deltas thus hold up to four times as
+// many pages before FlushBytes cuts them: with 20 million keys at 50,000
+// records a second, the flush interval cuts them, where whole pages filled
+// 8 MiB three times a second; and a replay flat out into 5 million keys a
+// partition writes a delta entry per several records, not one per record.
 //
 // At rest, live deltas add up to half a page per page (about a quarter on
 // average in steady state). Partition.ConsolidateStep folds them into their

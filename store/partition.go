@@ -364,11 +364,11 @@ func (p *Partition) Drop(subFilter uint32) {
 // DirtyBytes returns the size of the write batch the changes since the last
 // successful Commit (or Discard) make: PageBytes for a page written whole,
 // and for a page written as a delta an upper bound of the delta entry's
-// key, value and Badger's per-entry bytes, at least half a page
+// key, value and Badger's per-entry bytes, at least a quarter of a page
 // (minDirtyBytes). A page counts at most PageBytes, so that a write batch
 // cut when DirtyBytes reaches Options.FlushBytes stays within the Badger
-// transaction Open sized for it, and at least half of it, so that the dirty
-// pages it holds take at most twice FlushBytes.
+// transaction Open sized for it, and at least a quarter of it, so that the
+// dirty pages it holds take at most four times FlushBytes.
 func (p *Partition) DirtyBytes() int64 { return p.dirtyBytes }
 
 // DirtyPages returns the number of pages changed since the last successful

@@ -125,8 +125,8 @@ type Options struct {
 	// it, that one Badger transaction must hold (default 8 MiB); the caller
 	// commits once DirtyBytes exceeds it, so a batch holds up to FlushBytes
 	// plus one page. A page written whole counts PageBytes, one written as a
-	// delta half a page or its entry if larger, so a batch holds dirty pages
-	// of at most twice FlushBytes. Badger refuses a
+	// delta a quarter of a page or its entry if larger, so a batch holds
+	// dirty pages of at most four times FlushBytes. Badger refuses a
 	// transaction of 15% of its memtable or more, so Open raises MemTableSize
 	// above Badger's default of 64 MiB when FlushBytes needs it, and returns
 	// ErrInvalidOptions when that would exceed 1 GiB (FlushBytes above
