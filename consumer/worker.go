@@ -13,19 +13,28 @@ import (
 )
 
 // Worker is one member of the dedup consumer group. Create it with New and
-// call Run once. Ready is safe for concurrent use.
+// call Run once. Ready, Progress and Stopping are safe for concurrent use.
+//
+// Its fields fall in four groups by who may touch them: set by New and
+// read-only after; atomics, for any goroutine; guarded by mu; and owned by
+// the goroutine running Run (the poll or transaction loop, and shutdown).
 type Worker struct {
+	// Set by New, read-only after.
 	opts Options
 	log  *slog.Logger
 	m    metrics
+	live *liveness // its own lock
 
-	// cl and sess are the Kafka session of the current connect. They are
-	// written by connect while no group callback can run yet, and read by
-	// the poll loop; callbacks, which franz-go may start before the
-	// constructor returns, read them through client() once published.
-	cl        *kgo.Client
-	sess      *kgo.GroupTransactSession // ExactlyOnce only
-	connected chan struct{}             // closed once cl and sess are set
+	// cl and sess are the Kafka session of the current connect: publish
+	// writes them under mu, from the goroutine running Run, before that
+	// goroutine polls. That goroutine then reads them without the lock,
+	// and so do the partitions for records it handed them (ordered by the
+	// hand-over); group callbacks, which franz-go may start before the
+	// constructor returns, read them only through client(), which waits
+	// for connected.
+	cl   *kgo.Client
+	sess *kgo.GroupTransactSession // ExactlyOnce only
+
 	ready     atomic.Bool
 	restoring atomic.Int64 // partitions replaying input into their filter
 	fatal     atomic.Bool  // fail was called: never ready again
@@ -35,19 +44,26 @@ type Worker struct {
 	// the next one (transactLoop).
 	revokedSinceEnd atomic.Bool
 
-	// mu guards parts, closing, fatalErr, cancelPoll and connected.
-	mu      sync.Mutex
-	parts   map[topicPartition]*partition
-	closing bool
-
-	rejections   txnRejections    // exactly once: records refused by the broker
-	skippedInTxn []topicPartition // exactly once: batches skipped in the current transaction
-
-	fatalOnce  sync.Once
+	// mu guards connected, parts, closing, fatalErr and cancelPoll, and
+	// the writes of cl and sess (publish). It is held only to read and
+	// write these (and, in Ready and the metrics collector, to read the
+	// partitions' atomics), never across a partition stop or a Kafka
+	// request.
+	mu         sync.Mutex
+	connected  chan struct{} // closed once cl and sess are set; a new one each connect
+	parts      map[topicPartition]*partition
+	closing    bool // shutdown began: assigned opens no more partitions
 	fatalErr   error
 	cancelPoll context.CancelFunc
 
-	live *liveness
+	fatalOnce sync.Once // fail records the first error and cancels polling once
+
+	// Exactly once, owned by the goroutine running Run: the batches
+	// skipped in the current transaction (skipRecords, endTxnSkips).
+	skippedInTxn []topicPartition
+	// Exactly once: records refused by the broker, across transactions.
+	// Its own lock: produce callbacks add to it.
+	rejections txnRejections
 }
 
 type topicPartition struct {
