@@ -7,8 +7,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/kdedup/kdedup/store"
 )
 
 func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
@@ -111,7 +109,7 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 			// group, even if no record follows. Starting at the
 			// checkpoint instead made franz-go take it as committed, and
 			// the group's offset stayed behind until the next record.
-			pw.flushed = store.Checkpoint{Offset: group, LeaderEpoch: -1}
+			pw.groupBehind(group)
 			return o, nil
 		}
 		return kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch), nil
