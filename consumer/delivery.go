@@ -5,6 +5,21 @@ import (
 	"fmt"
 )
 
+// Delivery is the delivery guarantee of forwarded records.
+type Delivery uint8
+
+const (
+	// AtLeastOnce produces forwarded records, and commits the filter state
+	// and offsets after their acks: a crash forwards again at most the
+	// records of one flush interval.
+	AtLeastOnce Delivery = iota
+	// ExactlyOnce produces forwarded records and commits input offsets in
+	// one Kafka transaction (franz-go GroupTransactSession, KIP-447
+	// fencing); filter changes are staged until the transaction commits and
+	// reach Badger after it.
+	ExactlyOnce
+)
+
 // ErrDelivery is returned (wrapped) by Delivery.UnmarshalText for a name
 // that is not a delivery guarantee.
 var ErrDelivery = errors.New("consumer: unknown delivery guarantee")

@@ -38,4 +38,27 @@
 // their write batches; the failed partition commits nothing, so its next
 // owner resumes from its last good checkpoint. Exactly once, such an error
 // aborts one transaction, never a loop of them.
+//
+// # Files
+//
+//   - worker.go: the Worker, New, Run, connecting, readiness and shutdown;
+//     which goroutine owns which of its fields.
+//   - options.go: Options, their defaults and their validation (New).
+//   - delivery.go: Delivery, AtLeastOnce and ExactlyOnce, and their names.
+//   - clientopts.go: the group client's franz-go settings.
+//   - rebalance.go: the group callbacks (assigned, revoked, lost) and where
+//     each assigned partition starts: at its checkpoint or the group's
+//     offset, after replaying the gap, or after a rebuild (from the dedup
+//     window's start when that suffices).
+//   - startoffset.go: new partitions told from old ones for StartAtLatest.
+//   - poll.go: the at-least-once poll loop, handing records to partitions.
+//   - txn.go: the exactly-once loop, one Kafka transaction per poll.
+//   - partition.go: one topic-partition: its decisions, its output, its
+//     write batches and the ends of its part of a transaction.
+//   - restore.go: replaying input into a partition's filter with a restore
+//     client of its own.
+//   - deadletter.go: records that cannot be forwarded (dead letters,
+//     refused records, batches too large to decompress).
+//   - liveness.go: the Progress a liveness check reads.
+//   - metrics.go: the worker's metrics and its per-partition collector.
 package consumer

@@ -96,6 +96,36 @@ func (pw *partition) setCheckpoint(cp store.Checkpoint) {
 	pw.nextOffset.Store(cp.Offset)
 }
 
+// commitTxn ends, for this partition, a transaction that Kafka committed
+// (exactly once): what it decided becomes its stable state, the point an
+// abort returns to and the checkpoint of its next write batch, and the
+// deduplicator's staged changes join that batch. An error is the
+// deduplicator's, and the caller fails the partition.
+func (pw *partition) commitTxn() error {
+	pw.stableNext, pw.stableDecided = pw.next, pw.decided
+	return pw.d.CommitStaged()
+}
+
+// abortTxn ends, for this partition, a transaction that was aborted or
+// could not end (exactly once): the partition returns to its last committed
+// transaction, as franz-go rewinds the input there, so that the same records
+// are decided again, and the deduplicator drops its staged changes, which no
+// write batch may ever hold. An error is the deduplicator's.
+func (pw *partition) abortTxn() error {
+	pw.next, pw.decided = pw.stableNext, pw.stableDecided
+	pw.nextOffset.Store(pw.next.Offset)
+	return pw.d.DiscardStaged()
+}
+
+// groupBehind records that the group's committed offset, group, is behind
+// the partition's checkpoint (at least once: a crash between the Badger and
+// the group commit), so that its first write batch marks the checkpoint for
+// the group even if no record follows: flush commits only a checkpoint that
+// differs from the last one flushed.
+func (pw *partition) groupBehind(group int64) {
+	pw.flushed = store.Checkpoint{Offset: group, LeaderEpoch: -1}
+}
+
 // replayState is a partition's replay: [from, until) state-only; start is
 // zero when no replay is running.
 type replayState struct {

@@ -129,8 +129,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	defer cancel()
 	if err := w.cl.Flush(endCtx); err != nil {
 		for _, pw := range touched {
-			pw.next, pw.decided = pw.stableNext, pw.stableDecided
-			_ = pw.d.DiscardStaged() // the worker stops; what matters is that nothing staged is written
+			_ = pw.abortTxn() // the worker stops; what matters is that nothing staged is written
 		}
 		return fmt.Errorf("flushing the transaction's records: %w", err)
 	}
@@ -153,16 +152,11 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	}
 	w.m.txns.WithLabelValues(outcome).Inc()
 	for _, pw := range touched {
-		var err error
+		end := pw.abortTxn
 		if committed && endErr == nil {
-			pw.stableNext, pw.stableDecided = pw.next, pw.decided
-			err = pw.d.CommitStaged()
-		} else {
-			pw.next, pw.decided = pw.stableNext, pw.stableDecided
-			pw.nextOffset.Store(pw.next.Offset)
-			err = pw.d.DiscardStaged()
+			end = pw.commitTxn
 		}
-		if err != nil {
+		if err := end(); err != nil {
 			pw.fail(err)
 		}
 	}

@@ -1,0 +1,118 @@
+package consumer
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+type metrics struct {
+	assigned        prometheus.Gauge
+	restoring       prometheus.Gauge
+	replaySeconds   prometheus.Histogram
+	partialRebuilds prometheus.Counter
+	produceErrors   prometheus.Counter
+	batches         prometheus.Counter
+	batchRecords    prometheus.Histogram
+	batchBytes      prometheus.Histogram
+	txns            *prometheus.CounterVec
+	txnSeconds      prometheus.Histogram
+	sessionRestarts prometheus.Counter
+	partitionsLost  prometheus.Counter
+	deadLetters     *prometheus.CounterVec
+}
+
+// newMetrics registers the worker's metrics with reg (nil: none), among
+// them the per-partition lag and replay gauges that w's partitions report
+// at each scrape.
+func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
+	f := promauto.With(reg)
+	f.NewGaugeFunc(prometheus.GaugeOpts{Name: "kdedup_worker_ready",
+		Help: "1 when the worker has joined its group and opened the state of every partition assigned to it (what /readyz answers), 0 otherwise."},
+		func() float64 {
+			if w.Ready() {
+				return 1
+			}
+			return 0
+		})
+	if reg != nil {
+		reg.MustRegister(newPartitionCollector(w))
+	}
+	m := metrics{
+		assigned:  f.NewGauge(prometheus.GaugeOpts{Name: "kdedup_partitions_assigned", Help: "Topic-partitions this worker owns."}),
+		restoring: f.NewGauge(prometheus.GaugeOpts{Name: "kdedup_partitions_restoring", Help: "Partitions replaying input into their filter before forwarding again."}),
+		replaySeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_replay_duration_seconds",
+			Help: "Time from assignment to the end of a partition's replay.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}),
+		partialRebuilds: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_partial_rebuilds_total",
+			Help: "Replays that could not start where they had to because the input was no longer retained."}),
+		produceErrors: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_produce_errors_total",
+			Help: "Produce attempts the output, duplicates or dead-letter topic did not acknowledge (a record refused by the broker is produced again alone, then dead-lettered; other errors stop the worker at least once and abort the transaction exactly once)."}),
+		batches: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_write_batches_total", Help: "Write batches committed to Badger."}),
+		batchRecords: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_write_batch_records",
+			Help: "Input records (decided or replayed) covered by one committed write batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 11)}),
+		batchBytes: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_write_batch_bytes",
+			Help: "Filter page bytes written by one committed write batch (its dirty pages; chain metadata and checkpoint not included).", Buckets: prometheus.ExponentialBuckets(4096, 4, 9)}),
+		txns: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_transactions_total",
+			Help: "Kafka transactions ended, by outcome (committed, aborted); exactly-once only."}, []string{"outcome"}),
+		txnSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_transaction_commit_seconds",
+			Help:    "Time from the end of a transaction's decisions to its commit: acks of its produced records, then EndTxn with the input offsets; exactly-once only, aborted transactions not observed.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
+		partitionsLost: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_partitions_lost_total",
+			Help: "Partitions lost with their group session (expired during a broker outage, or fenced) instead of revoked by a rebalance."}),
+		sessionRestarts: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_session_restarts_total",
+			Help: "Kafka client sessions restarted after the transactional producer became unusable (fenced); exactly-once only."}),
+		deadLetters: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_dead_letter_records_total",
+			Help: "Records acknowledged by the dead-letter topic, by reason (too-large, invalid, decompress-too-large); exactly once, those of an aborted transaction are counted again when decided again."}, []string{"reason"}),
+	}
+	if w.opts.DeadLetterTopic != "" {
+		for _, r := range []string{ReasonTooLarge, ReasonInvalid, ReasonDecompressTooLarge} {
+			m.deadLetters.WithLabelValues(r)
+		}
+	}
+	if w.opts.Delivery == ExactlyOnce {
+		// Both outcomes from the start, so that an increase from 0 shows.
+		m.txns.WithLabelValues("committed")
+		m.txns.WithLabelValues("aborted")
+	}
+	return m
+}
+
+// partitionCollector reports the lag and replay progress of the worker's
+// partitions as they are at scrape time, so that a partition released
+// leaves no stale series and a stalled one keeps reporting its lag.
+type partitionCollector struct {
+	w               *Worker
+	lag, replayLeft *prometheus.Desc
+}
+
+func newPartitionCollector(w *Worker) partitionCollector {
+	tp := []string{"topic", "partition"}
+	return partitionCollector{
+		w: w,
+		lag: prometheus.NewDesc("kdedup_consumer_lag_records",
+			"Records between the partition's high watermark (as of its latest fetch) and the next offset to decide; reported once the partition has decided a record or resumed from a checkpoint.",
+			tp, nil),
+		replayLeft: prometheus.NewDesc("kdedup_replay_remaining_records",
+			"Offsets the partition still has to replay into its filter before forwarding again (0 when not replaying).",
+			tp, nil),
+	}
+}
+
+func (c partitionCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.lag
+	ch <- c.replayLeft
+}
+
+func (c partitionCollector) Collect(ch chan<- prometheus.Metric) {
+	c.w.mu.Lock()
+	defer c.w.mu.Unlock()
+	for tp, pw := range c.w.parts {
+		p := strconv.Itoa(int(tp.partition))
+		ch <- prometheus.MustNewConstMetric(c.replayLeft, prometheus.GaugeValue, float64(pw.replayLeft.Load()), tp.topic, p)
+		hw, next := pw.highWatermark.Load(), pw.nextOffset.Load()
+		if hw >= 0 && next >= 0 {
+			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(max(0, hw-next)), tp.topic, p)
+		}
+	}
+}

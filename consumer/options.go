@@ -1,0 +1,190 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/dedup"
+	"github.com/kdedup/kdedup/store"
+)
+
+// ErrStaging is returned by New when the deduplicators of Options.Dedup
+// stage their changes (dedup.Options.Staged) and the delivery is not
+// ExactlyOnce, or the other way round: exactly once needs the changes of a
+// transaction held back until it commits, and at least once needs them in
+// the write batches.
+var ErrStaging = errors.New("consumer: the deduplicator stages its changes if and only if delivery is exactly once")
+
+// Options configure a Worker. Fields without a stated default are required.
+type Options struct {
+	// Brokers are the seed brokers, host:port.
+	Brokers []string
+	// InputTopics are consumed as one consumer group.
+	InputTopics []string
+	// OutputTopic receives forwarded records, partitioned by record key.
+	OutputTopic string
+	// DuplicatesTopic, if set, receives every record decided
+	// dedup.Duplicate or dedup.OverLimit, unchanged but for the headers
+	// HeaderReason and HeaderSource appended, partitioned by record key, so
+	// that a false drop can be found and replayed. It is produced like
+	// OutputTopic: at least once before the write batch covering the
+	// record, exactly once in the record's transaction; records replayed
+	// into the filter produce nothing. It must differ from OutputTopic and
+	// from every input topic (default: none).
+	DuplicatesTopic string
+	// DeadLetterTopic, if set, receives each input record that cannot be
+	// forwarded (or sent to DuplicatesTopic) because of the record itself:
+	// larger than MaxRecordBytes of its target topic, rejected by the
+	// broker as invalid, or in a batch over MaxDecompressBytes. It carries
+	// the input record with the headers HeaderDeadLetterReason,
+	// HeaderSource, HeaderTarget and HeaderDetail appended, is produced
+	// like OutputTopic, and processing goes on. Empty: such a record stops
+	// the worker with a *RecordError naming it. It must differ from
+	// OutputTopic, DuplicatesTopic and every input topic (default: none).
+	DeadLetterTopic string
+	// MaxRecordBytes returns the max.message.bytes of a topic the worker
+	// produces to (OutputTopic, DuplicatesTopic, DeadLetterTopic), in
+	// bytes: a record whose batch of its own (recordBatchBytes, before
+	// compression) is larger is a dead letter instead of a produce error,
+	// and the producer's batches to the topic are bounded by it. It is
+	// called with "" too, for the client's default. Nil: 1,048,588 bytes
+	// (DefaultMaxRecordBytes) for every topic.
+	MaxRecordBytes func(topic string) int
+	// MaxDecompressBytes bounds what one input record batch may
+	// decompress to, in bytes (default 64 MiB). A larger batch is not
+	// decompressed; its records are skipped as one dead letter (without
+	// key or value) or, without DeadLetterTopic, the worker stops with a
+	// *RecordError naming the batch's offsets.
+	MaxDecompressBytes int
+	// Group is the consumer group id (default "kdedup").
+	Group string
+	// InstanceID, when set, makes the worker a static group member
+	// (KIP-345, group.instance.id): it does not leave the group when it
+	// stops, and a worker restarting with the same InstanceID within
+	// SessionTimeout gets its partitions back without a rebalance, so
+	// their local state is reused at once. Each member of the group needs
+	// its own (a pod name). Empty: a dynamic member that leaves on stop.
+	InstanceID string
+	// StartAtLatest makes a group with no committed offset begin at the end
+	// of each partition instead of the start (default: start, as Kafka
+	// Streams' auto.offset.reset=earliest).
+	StartAtLatest bool
+	// SessionTimeout is the group session timeout (default 45s). With
+	// ExactlyOnce the transaction timeout is kept below it.
+	SessionTimeout time.Duration
+	// MetadataMaxAge is the longest time between metadata refreshes
+	// (default 30s, kgo.MetadataMaxAge): partitions added to an input topic
+	// are assigned within about this long.
+	MetadataMaxAge time.Duration
+	// Delivery is the delivery guarantee (default AtLeastOnce).
+	Delivery Delivery
+	// TransactionalID is the transactional id with ExactlyOnce (default:
+	// unique to this process: host name, process id and a random suffix).
+	TransactionalID string
+	// RebuildEmpty starts a partition that has no local state with an empty
+	// filter at the group's offset, accepting repeats of keys seen before.
+	// By default its filter is rebuilt by replaying the input from the
+	// earliest retained offset up to the group's offset, forwarding nothing.
+	RebuildEmpty bool
+	// FlushInterval is the longest time between write batches of a
+	// partition, and the group commit interval (default 1s). It bounds what a
+	// crash can forward twice at least once, and what recovery replays.
+	FlushInterval time.Duration
+	// FlushBytes cuts a write batch early when a partition's dirty pages
+	// reach it (default 8 MiB). It must fit in one Badger transaction.
+	FlushBytes int64
+	// Dedup opens the deduplicator of each assigned topic-partition, from
+	// the group's callbacks, one partition at a time. The worker asks it,
+	// and the deduplicators it opens, which decisions forward
+	// (dedup.Partition.Forwards), where a rebuild may start
+	// (dedup.Options.RebuildFrom: from the start of the dedup window when
+	// the state depends on it alone, else from the earliest retained
+	// offset) and how many records one transaction may hold: with
+	// ExactlyOnce at most FlushBytes/2 divided by the bytes one record can
+	// dirty (dedup.Options.MaxDirtyBytesPerRecord), so that the pages a
+	// transaction dirties fit in half a write batch whatever the partitions
+	// it touches. Its deduplicators must stage their changes
+	// (dedup.Options.Staged) with ExactlyOnce and must not without: New
+	// returns ErrStaging otherwise.
+	Dedup *dedup.Opener
+	// Logger receives the worker's and franz-go's logs (default
+	// slog.Default()).
+	Logger *slog.Logger
+	// Registerer receives the worker's metrics (nil: none).
+	Registerer prometheus.Registerer
+	// ConnOpts are the connection options (TLS, SASL) of every Kafka
+	// client the worker creates: the group client and the restore clients
+	// that replay a partition's input into its filter.
+	ConnOpts []kgo.Opt
+	// ClientOpts are appended to the group client's options only (hooks
+	// such as plugin/kprom, which registers its metrics once per hook and
+	// so cannot be shared with a second client, test settings).
+	ClientOpts []kgo.Opt
+}
+
+func (o Options) withDefaults() Options {
+	if o.Group == "" {
+		o.Group = "kdedup"
+	}
+	if o.SessionTimeout == 0 {
+		o.SessionTimeout = 45 * time.Second
+	}
+	if o.MetadataMaxAge == 0 {
+		o.MetadataMaxAge = 30 * time.Second
+	}
+	if o.FlushInterval == 0 {
+		o.FlushInterval = time.Second
+	}
+	if o.FlushBytes == 0 {
+		o.FlushBytes = store.DefaultFlushBytes
+	}
+	if o.MaxDecompressBytes == 0 {
+		o.MaxDecompressBytes = 64 << 20
+	}
+	if o.TransactionalID == "" {
+		host, _ := os.Hostname()
+		o.TransactionalID = fmt.Sprintf("kdedup-%s-%d-%08x", host, os.Getpid(), time.Now().UnixNano()&0xffffffff)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// validate returns every problem of o (after defaults), joined: a required
+// field missing, a topic used for two purposes, or ErrStaging.
+func (o Options) validate() error {
+	var errs []error
+	if len(o.Brokers) == 0 {
+		errs = append(errs, errors.New("consumer: no brokers"))
+	}
+	if len(o.InputTopics) == 0 {
+		errs = append(errs, errors.New("consumer: no input topics"))
+	}
+	if o.OutputTopic == "" {
+		errs = append(errs, errors.New("consumer: no output topic"))
+	}
+	if d := o.DuplicatesTopic; d != "" && (d == o.OutputTopic || slices.Contains(o.InputTopics, d)) {
+		errs = append(errs, fmt.Errorf("consumer: duplicates topic %q is also the output topic or an input topic", d))
+	}
+	if d := o.DeadLetterTopic; d != "" && (d == o.OutputTopic || d == o.DuplicatesTopic || slices.Contains(o.InputTopics, d)) {
+		errs = append(errs, fmt.Errorf("consumer: dead-letter topic %q is also the output, the duplicates or an input topic", d))
+	}
+	switch {
+	case o.Dedup == nil:
+		errs = append(errs, errors.New("consumer: Dedup is required"))
+	case o.Dedup.Options().Staged != (o.Delivery == ExactlyOnce):
+		// Exactly once, changes applied before their transaction commits
+		// would outlive an abort; at least once, staged changes would
+		// never reach the write batches.
+		errs = append(errs, fmt.Errorf("%w: exactly once %t, staged %t", ErrStaging, o.Delivery == ExactlyOnce, o.Dedup.Options().Staged))
+	}
+	return errors.Join(errs...)
+}

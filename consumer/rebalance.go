@@ -1,0 +1,279 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	w.mu.Lock()
+	closing := w.closing
+	w.mu.Unlock()
+	if closing {
+		return
+	}
+	// A partition paused for a replay that a revocation interrupted stays
+	// paused in the client; adjustOffsets pauses again what must replay.
+	cl.ResumeFetchPartitions(assigned)
+	for topic, partitions := range assigned {
+		for _, p := range partitions {
+			d, err := w.opts.Dedup.Open(topic, p)
+			if err != nil {
+				w.fail(err)
+				continue
+			}
+			pw := newPartition(w, cl, topic, p, d)
+			w.mu.Lock()
+			w.parts[topicPartition{topic, p}] = pw
+			w.mu.Unlock()
+			if w.opts.Delivery == AtLeastOnce {
+				go pw.run()
+			}
+			w.m.assigned.Inc()
+			w.log.Info("partition assigned", "topic", topic, "partition", p)
+		}
+	}
+	w.ready.Store(true)
+}
+
+// adjustOffsets chooses where each newly assigned partition starts, from
+// its Badger checkpoint and the group's committed offset:
+//
+//   - equal: resume;
+//   - checkpoint ahead (a crash between the Badger and the group commit, at
+//     least once): resume from the checkpoint, the records in between were
+//     forwarded and acknowledged;
+//   - checkpoint behind (the partition was processed elsewhere meanwhile, an
+//     exactly-once crash after the Kafka commit, or a replay interrupted by
+//     a stop, a crash or a rebalance): replay the gap into the filter
+//     without forwarding, then resume at the group's offset;
+//   - no local state and a committed offset: rebuild by replaying from the
+//     earliest retained offset (with a window, from the window's start, see
+//     windowStart), or with RebuildEmpty start empty at the group's offset.
+//
+// A replay never goes through the group client: the partition stays
+// paused there at the group's offset while a restore client of its own
+// reads the gap (restore.go). Its progress is the Badger checkpoint only,
+// so the group's committed offset never moves backwards, and a replay cut
+// short resumes from its checkpoint on whichever worker owns the
+// partition next.
+//
+// A replay that starts before the earliest retained offset is partial: it
+// starts there, logs the offsets lost and counts a partial rebuild.
+func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	var (
+		starts kadm.ListedOffsets
+		seen   groupOffsets
+		cl     = w.client()
+		adm    = kadm.NewClient(cl)
+	)
+	for topic, ps := range offsets {
+		for p, o := range ps {
+			pw := w.partition(topic, p)
+			if pw == nil {
+				continue
+			}
+			start, err := w.plan(ctx, cl, adm, &starts, &seen, pw, o)
+			pw.planned.Store(true) // after a replay began: readiness never sees a gap
+			if err != nil {
+				return nil, err
+			}
+			ps[p] = start
+		}
+	}
+	return offsets, nil
+}
+
+// plan returns where pw starts in the group client, given the group's
+// committed offset o, and starts its replay when it needs one (see
+// adjustOffsets). starts caches the input's start offsets, seen the topics
+// the group has committed offsets for.
+func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, starts *kadm.ListedOffsets, seen *groupOffsets, pw *partition, o kgo.Offset) (kgo.Offset, error) {
+	topic, p := pw.topic, pw.partition
+	group := o.EpochOffset().Offset // negative: no committed offset
+	cp, ok := pw.d.Checkpoint()
+	from := int64(-1)
+	switch {
+	case ok && (group < 0 || cp.Offset >= group):
+		if cp.Offset != group {
+			w.log.Info("resuming from the local checkpoint", "topic", topic, "partition", p, "offset", cp.Offset, "group_offset", group)
+		}
+		if group >= 0 && cp.Offset > group && w.opts.Delivery == AtLeastOnce {
+			// Fetch from the group's offset, which franz-go takes as
+			// committed, and skip what the checkpoint covers (process):
+			// the first write batch then commits the checkpoint to the
+			// group, even if no record follows. Starting at the
+			// checkpoint instead made franz-go take it as committed, and
+			// the group's offset stayed behind until the next record.
+			pw.groupBehind(group)
+			return o, nil
+		}
+		return kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch), nil
+	case group < 0: // nothing committed, no state: start empty
+		if w.opts.StartAtLatest && seen.topicCommitted(ctx, w, adm, topic) {
+			w.log.Info("partition added since the group started: reading it from the start, not KDEDUP_START_OFFSET=latest", "topic", topic, "partition", p)
+			return kgo.NewOffset().AtStart(), nil
+		}
+		return o, nil
+	case ok:
+		from = cp.Offset
+	case w.opts.RebuildEmpty:
+		w.log.Info("no local state: starting with an empty filter (KDEDUP_REBUILD=empty)", "topic", topic, "partition", p, "group_offset", group)
+		return o, nil
+	default:
+		var err error
+		if from, err = w.windowStart(ctx, adm, topic, p, group); err != nil {
+			return o, err
+		}
+	}
+	if *starts == nil {
+		var err error
+		if *starts, err = adm.ListStartOffsets(ctx, w.opts.InputTopics...); err != nil {
+			return o, fmt.Errorf("listing start offsets to plan a replay: %w", err)
+		}
+	}
+	if s, found := starts.Lookup(topic, p); found && s.Err == nil && s.Offset > from {
+		w.m.partialRebuilds.Inc()
+		w.log.Warn("replay is partial: the input before the earliest retained offset is gone, so keys first seen there are not in the filter and deletes there are not applied",
+			"topic", topic, "partition", p, "lost_from", from, "lost_to", s.Offset)
+		from = s.Offset
+	}
+	if from < group {
+		// The group client starts at the group's offset (o, unchanged)
+		// but fetches nothing until the replay has caught up.
+		cl.PauseFetchPartitions(map[string][]int32{topic: {p}})
+		pw.startReplay(cl, from, group)
+	}
+	return o, nil
+}
+
+// windowStart is where a rebuild of topic/partition up to offset group
+// starts: 0 unless the deduplicator's state depends on the dedup window
+// alone (dedup.Options.RebuildsFromWindow); then the first offset whose
+// timestamp is at or after dedup.Options.RebuildFrom of the partition's
+// watermark at group (the highest timestamp before group).
+//
+// The watermark is found with timestamp lookups alone (ListOffsets by
+// timestamp, as kadm.ListOffsetsAfterMilli): "the first offset with a
+// timestamp at or after X is below group" holds exactly for X up to the
+// watermark, so a binary search over X finds it in about 40 lookups. When
+// a lookup fails the rebuild replays everything retained, which is correct,
+// only slower.
+func (w *Worker) windowStart(ctx context.Context, adm *kadm.Client, topic string, p int32, group int64) (int64, error) {
+	dopts := w.opts.Dedup.Options()
+	if !dopts.RebuildsFromWindow() {
+		return 0, nil
+	}
+	offsetAfter := func(millis int64) (int64, error) {
+		l, err := adm.ListOffsetsAfterMilli(ctx, millis, topic)
+		if err != nil {
+			return 0, err
+		}
+		o, found := l.Lookup(topic, p)
+		if !found {
+			return 0, fmt.Errorf("no offset listed for %s/%d", topic, p)
+		}
+		if o.Err != nil {
+			return 0, o.Err
+		}
+		return o.Offset, nil
+	}
+	before := func(millis int64) (bool, error) { // a record before group has a timestamp >= millis
+		o, err := offsetAfter(millis)
+		return o >= 0 && o < group, err
+	}
+	// The watermark lies in [lo, hi): lo qualifies, hi does not.
+	lo, hi := int64(-1), int64(1)
+	var err error
+	for ok := true; ok && err == nil && hi < 1<<50; hi *= 2 {
+		ok, err = before(hi)
+		if ok {
+			lo = hi
+		}
+	}
+	for err == nil && hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		var ok bool
+		if ok, err = before(mid); ok {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	if err != nil {
+		w.log.Info("cannot locate the dedup window in the input; rebuilding from the earliest retained offset", "topic", topic, "partition", p, "err", err)
+		return 0, nil
+	}
+	startMillis, _ := dopts.RebuildFrom(lo)
+	from, err := offsetAfter(startMillis)
+	if err != nil || from < 0 {
+		w.log.Info("cannot locate the dedup window in the input; rebuilding from the earliest retained offset", "topic", topic, "partition", p, "err", err)
+		return 0, nil
+	}
+	w.log.Info("rebuilding from the start of the dedup window", "topic", topic, "partition", p, "from", from,
+		"watermark", time.UnixMilli(lo).UTC().Format(time.RFC3339Nano), "window_start", time.UnixMilli(startMillis).UTC().Format(time.RFC3339Nano), "group_offset", group)
+	return from, nil
+}
+
+// revoked finishes and commits the revoked partitions' write batches, then
+// commits their group offsets before the partitions move.
+func (w *Worker) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	if w.opts.Delivery == ExactlyOnce {
+		w.revokedSinceEnd.Store(true)
+	}
+	if n := w.stopPartitions(revoked, false); n == 0 || w.opts.Delivery == ExactlyOnce {
+		return
+	}
+	if err := cl.CommitMarkedOffsets(ctx); err != nil {
+		w.log.Warn("committing group offsets on revocation; the next owner may repeat up to one flush interval", "err", err)
+	}
+}
+
+// lost stops the partitions of a group session that ended without a
+// revocation (the session expired during a broker outage, or the member was
+// fenced): another member may own them already, so they decide nothing
+// more and commit nothing to the group. At least once each keeps, in its
+// Badger checkpoint, what it forwarded and had acknowledged (settle), so
+// that this worker regaining it after an outage resumes there instead of
+// forwarding those records again; exactly once the uncommitted transaction
+// state is dropped and the gap replayed.
+func (w *Worker) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	if w.opts.Delivery == ExactlyOnce {
+		w.revokedSinceEnd.Store(true)
+	}
+	n := w.stopPartitions(lost, true)
+	w.m.partitionsLost.Add(float64(n))
+}
+
+// stopPartitions stops the given partitions and waits for them: abort (a
+// lost session) decides nothing more, keeping at least once what was
+// forwarded and acknowledged (partition.settle) and dropping exactly once
+// the uncommitted state; otherwise each finishes its queued records and
+// commits a last write batch. It returns how many it stopped.
+func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) int {
+	var stopping []*partition
+	w.mu.Lock()
+	for topic, ps := range tps {
+		for _, p := range ps {
+			tp := topicPartition{topic, p}
+			if pw := w.parts[tp]; pw != nil {
+				delete(w.parts, tp)
+				stopping = append(stopping, pw)
+			}
+		}
+	}
+	w.mu.Unlock()
+	for _, pw := range stopping {
+		pw.stop(abort)
+	}
+	for _, pw := range stopping {
+		<-pw.done
+		w.m.assigned.Dec()
+		w.log.Info("partition released", "topic", pw.topic, "partition", pw.partition, "lost", abort)
+	}
+	return len(stopping)
+}
