@@ -80,7 +80,7 @@ type Config struct {
 	PageBytes     ByteSize      `env:"PAGE_BYTES" envDefault:"4KiB" doc:"Size of a filter page on disk and in the cache: a power of two from 512B to 64KiB, and at least one bucket"`
 	CacheBytes    ByteSize      `env:"CACHE_BYTES" envDefault:"256MiB" doc:"Memory for cached filter pages, shared by all partitions; at least 16*PAGE_BYTES"`
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s" doc:"Longest time a changed page stays unwritten, 10ms to 1h"`
-	FlushBytes    ByteSize      `env:"FLUSH_BYTES" envDefault:"8MiB" doc:"Changed bytes that start a flush before FLUSH_INTERVAL ends, PAGE_BYTES to 128MiB, and at most what one Badger transaction holds (about 99MiB with 512B pages, 120MiB with 1KiB pages: one write batch is one transaction); dirty pages, up to twice this much per partition, are held on top of CACHE_BYTES"`
+	FlushBytes    ByteSize      `env:"FLUSH_BYTES" envDefault:"8MiB" doc:"Changed bytes that start a flush before FLUSH_INTERVAL ends, PAGE_BYTES to 128MiB, and at most what one Badger transaction holds (about 99MiB with 512B pages, 120MiB with 1KiB pages: one write batch is one transaction); dirty pages, up to four times this much per partition, are held on top of CACHE_BYTES"`
 
 	// Operations.
 	HTTPAddr  string `env:"HTTP_ADDR" envDefault:":8080" doc:"HTTP listen address for metrics and health probes, host:port; port 0 picks a free port"`

@@ -107,7 +107,7 @@ func TestInterruptedRebuild(t *testing.T) {
 			t.Run(how, func(t *testing.T) {
 				p := newPipeline(t, 2)
 				p.delivery = delivery
-				part1, part2 := rebuildParts(40_000)
+				part1, part2 := rebuildParts(80_000)
 				dir := t.TempDir()
 				p.runPart(t, dir, part1)
 				before := p.groupOffsets(t)
