@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/store"
 )
 
 // A record that cannot be forwarded because of the record itself is a dead
@@ -311,7 +313,7 @@ func (w *Worker) skipRecords(fetches kgo.Fetches) kgo.Fetches {
 		fetches = append(fetches, kgo.Fetch{Topics: []kgo.FetchTopic{{Topic: e.Topic, Partitions: []kgo.FetchPartition{{Partition: e.Partition, Records: []*kgo.Record{r}}}}}})
 		w.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{e.Topic: {e.Partition: {Epoch: e.Epoch, Offset: e.NextOffset}}})
 		if w.sess != nil {
-			w.skippedInTxn = append(w.skippedInTxn, topicPartition{e.Topic, e.Partition})
+			w.skippedInTxn = append(w.skippedInTxn, store.TopicPartition{Topic: e.Topic, Partition: e.Partition})
 		}
 	}
 	return fetches
@@ -329,8 +331,8 @@ func (w *Worker) endTxnSkips(committed bool) {
 		return
 	}
 	for _, tp := range skipped {
-		if pw := w.partition(tp.topic, tp.partition); pw != nil {
-			w.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.topic: {tp.partition: {Epoch: pw.stableNext.LeaderEpoch, Offset: pw.stableNext.Offset}}})
+		if pw := w.partition(tp.Topic, tp.Partition); pw != nil {
+			w.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: pw.stableNext.LeaderEpoch, Offset: pw.stableNext.Offset}}})
 		}
 	}
 }

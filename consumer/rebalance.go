@@ -7,6 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/store"
 )
 
 func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
@@ -28,7 +30,7 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 			}
 			pw := newPartition(w, cl, topic, p, d)
 			w.mu.Lock()
-			w.parts[topicPartition{topic, p}] = pw
+			w.parts[store.TopicPartition{Topic: topic, Partition: p}] = pw
 			w.mu.Unlock()
 			if w.opts.Delivery == AtLeastOnce {
 				go pw.run()
@@ -259,7 +261,7 @@ func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) int {
 	w.mu.Lock()
 	for topic, ps := range tps {
 		for _, p := range ps {
-			tp := topicPartition{topic, p}
+			tp := store.TopicPartition{Topic: topic, Partition: p}
 			if pw := w.parts[tp]; pw != nil {
 				delete(w.parts, tp)
 				stopping = append(stopping, pw)
