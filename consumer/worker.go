@@ -53,7 +53,7 @@ type Worker struct {
 	// request.
 	mu         sync.Mutex
 	connected  chan struct{} // closed once cl and sess are set; a new one each connect
-	parts      map[store.TopicPartition]*partition
+	parts      map[store.TopicPartition]*partitionWorker
 	closing    bool // shutdown began: assigned opens no more partitions
 	fatalErr   error
 	cancelPoll context.CancelFunc
@@ -77,7 +77,7 @@ func New(opts Options) (*Worker, error) {
 	w := &Worker{
 		opts:  opts,
 		log:   opts.Logger,
-		parts: map[store.TopicPartition]*partition{},
+		parts: map[store.TopicPartition]*partitionWorker{},
 		live:  newLiveness(),
 	}
 	w.rejections.known = map[recordTarget]rejection{}
@@ -197,7 +197,7 @@ func (w *Worker) publish(sess *kgo.GroupTransactSession, cl *kgo.Client) {
 	close(w.connected)
 }
 
-func (w *Worker) partition(topic string, p int32) *partition {
+func (w *Worker) partition(topic string, p int32) *partitionWorker {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.parts[store.TopicPartition{Topic: topic, Partition: p}]
