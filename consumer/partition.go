@@ -13,7 +13,7 @@ import (
 	"github.com/kdedup/kdedup/store"
 )
 
-// partitionWorker owns one assigned topic-partitionWorker. At least once it runs its own
+// partitionWorker owns one assigned topic-partition. At least once it runs its own
 // goroutine (run); exactly once the transaction loop drives it. While it
 // replays, its restore goroutine alone touches the deduplicator: the group
 // client fetches nothing for it and flush skips it.
