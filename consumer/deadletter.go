@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/store"
 )
 
 // A record that cannot be forwarded because of the record itself is a dead
@@ -204,7 +206,7 @@ func (w *Worker) produceError(in, out *kgo.Record, err error) error {
 // send hands produce out, decided from input record in, unless out cannot
 // fit its topic: then in is a dead letter. It reports false when the
 // partition failed (no dead-letter topic), and must then stop deciding.
-func (pw *partition) send(in, out *kgo.Record, produce func(in, out *kgo.Record)) bool {
+func (pw *partitionWorker) send(in, out *kgo.Record, produce func(in, out *kgo.Record)) bool {
 	if handled, sent := pw.sendTxn(in, out, produce); handled {
 		return sent
 	}
@@ -219,7 +221,7 @@ func (pw *partition) send(in, out *kgo.Record, produce func(in, out *kgo.Record)
 
 // deadLetter produces in to the dead-letter topic, or without one fails
 // the partition with a *RecordError and reports false.
-func (pw *partition) deadLetter(in *kgo.Record, target, reason, detail string, cause error, produce func(in, out *kgo.Record)) bool {
+func (pw *partitionWorker) deadLetter(in *kgo.Record, target, reason, detail string, cause error, produce func(in, out *kgo.Record)) bool {
 	if pw.w.opts.DeadLetterTopic == "" {
 		pw.fail(&RecordError{Topic: in.Topic, Partition: in.Partition, Offset: in.Offset, Target: target, Reason: reason, Detail: detail, Err: cause})
 		return false
@@ -311,7 +313,7 @@ func (w *Worker) skipRecords(fetches kgo.Fetches) kgo.Fetches {
 		fetches = append(fetches, kgo.Fetch{Topics: []kgo.FetchTopic{{Topic: e.Topic, Partitions: []kgo.FetchPartition{{Partition: e.Partition, Records: []*kgo.Record{r}}}}}})
 		w.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{e.Topic: {e.Partition: {Epoch: e.Epoch, Offset: e.NextOffset}}})
 		if w.sess != nil {
-			w.skippedInTxn = append(w.skippedInTxn, topicPartition{e.Topic, e.Partition})
+			w.skippedInTxn = append(w.skippedInTxn, store.TopicPartition{Topic: e.Topic, Partition: e.Partition})
 		}
 	}
 	return fetches
@@ -329,8 +331,8 @@ func (w *Worker) endTxnSkips(committed bool) {
 		return
 	}
 	for _, tp := range skipped {
-		if pw := w.partition(tp.topic, tp.partition); pw != nil {
-			w.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.topic: {tp.partition: {Epoch: pw.stableNext.LeaderEpoch, Offset: pw.stableNext.Offset}}})
+		if pw := w.partition(tp.Topic, tp.Partition); pw != nil {
+			w.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: pw.stableNext.LeaderEpoch, Offset: pw.stableNext.Offset}}})
 		}
 	}
 }
@@ -346,7 +348,7 @@ func skipped(r *kgo.Record) (*kgo.ErrDecompressTooLarge, bool) {
 
 // skip handles the placeholder of a skipped batch e: one dead letter
 // without key or value, then the partition resumes after the batch.
-func (pw *partition) skip(e *kgo.ErrDecompressTooLarge, produce func(in, out *kgo.Record)) {
+func (pw *partitionWorker) skip(e *kgo.ErrDecompressTooLarge, produce func(in, out *kgo.Record)) {
 	in := &kgo.Record{Topic: e.Topic, Partition: e.Partition, Offset: e.Offset}
 	detail := fmt.Sprintf("offsets %d to %d decompress to more than %d bytes (KDEDUP_MAX_DECOMPRESS_BYTES)", e.Offset, e.NextOffset-1, pw.w.opts.MaxDecompressBytes)
 	pw.w.log.Warn("input batch not decompressed; skipped and sent to the dead-letter topic as a record without value", "topic", e.Topic, "partition", e.Partition,
@@ -365,7 +367,7 @@ type rejected struct {
 // produceFailed records the failure of producing out, decided from in, at
 // least once: a record-tied rejection is retried alone at the next write
 // batch (retryRejected), any other error stops the worker then.
-func (pw *partition) produceFailed(in, out *kgo.Record, err error) {
+func (pw *partitionWorker) produceFailed(in, out *kgo.Record, err error) {
 	if recordReason(err) != "" && out.Topic != pw.w.opts.DeadLetterTopic {
 		pw.rejectedMu.Lock()
 		pw.rejected = append(pw.rejected, rejected{in, out, err})
@@ -384,7 +386,7 @@ func (pw *partition) produceFailed(in, out *kgo.Record, err error) {
 // Those refused again are dead letters. It runs in flush, after every
 // produced record was acknowledged; a record forwarded by a retry may land
 // after later records of the same output partition.
-func (pw *partition) retryRejected() error {
+func (pw *partitionWorker) retryRejected() error {
 	pw.rejectedMu.Lock()
 	rej := pw.rejected
 	pw.rejected = nil
@@ -468,7 +470,7 @@ const maxProduceAborts = 3
 // sendTxn is send's exactly-once part for a record refused in an earlier
 // transaction. It reports whether it handled out (and sent), false when
 // out is produced as usual.
-func (pw *partition) sendTxn(in, out *kgo.Record, produce func(in, out *kgo.Record)) (handled, sent bool) {
+func (pw *partitionWorker) sendTxn(in, out *kgo.Record, produce func(in, out *kgo.Record)) (handled, sent bool) {
 	w := pw.w
 	if w.sess == nil {
 		return false, true

@@ -108,11 +108,11 @@ func (c partitionCollector) Collect(ch chan<- prometheus.Metric) {
 	c.w.mu.Lock()
 	defer c.w.mu.Unlock()
 	for tp, pw := range c.w.parts {
-		p := strconv.Itoa(int(tp.partition))
-		ch <- prometheus.MustNewConstMetric(c.replayLeft, prometheus.GaugeValue, float64(pw.replayLeft.Load()), tp.topic, p)
+		p := strconv.Itoa(int(tp.Partition))
+		ch <- prometheus.MustNewConstMetric(c.replayLeft, prometheus.GaugeValue, float64(pw.replayLeft.Load()), tp.Topic, p)
 		hw, next := pw.highWatermark.Load(), pw.nextOffset.Load()
 		if hw >= 0 && next >= 0 {
-			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(max(0, hw-next)), tp.topic, p)
+			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(max(0, hw-next)), tp.Topic, p)
 		}
 	}
 }

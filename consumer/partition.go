@@ -13,11 +13,11 @@ import (
 	"github.com/kdedup/kdedup/store"
 )
 
-// partition owns one assigned topic-partition. At least once it runs its own
+// partitionWorker owns one assigned topic-partition. At least once it runs its own
 // goroutine (run); exactly once the transaction loop drives it. While it
 // replays, its restore goroutine alone touches the deduplicator: the group
 // client fetches nothing for it and flush skips it.
-type partition struct {
+type partitionWorker struct {
 	w         *Worker
 	cl        *kgo.Client // the group client it was assigned by
 	topic     string
@@ -70,8 +70,8 @@ type partition struct {
 	rejected   []rejected
 }
 
-func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Partition) *partition {
-	pw := &partition{
+func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Partition) *partitionWorker {
+	pw := &partitionWorker{
 		w: w, cl: cl, topic: topic, partition: p, d: d,
 		in:        make(chan []*kgo.Record, 4),
 		quit:      make(chan struct{}),
@@ -90,7 +90,7 @@ func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Par
 
 // setCheckpoint makes cp, just committed to Badger or read from it, where
 // the partition stands: nothing decided past it.
-func (pw *partition) setCheckpoint(cp store.Checkpoint) {
+func (pw *partitionWorker) setCheckpoint(cp store.Checkpoint) {
 	pw.next, pw.stableNext, pw.flushed = cp, cp, cp
 	pw.stableDecided, pw.flushedDecided = pw.decided, pw.decided
 	pw.nextOffset.Store(cp.Offset)
@@ -101,7 +101,7 @@ func (pw *partition) setCheckpoint(cp store.Checkpoint) {
 // abort returns to and the checkpoint of its next write batch, and the
 // deduplicator's staged changes join that batch. An error is the
 // deduplicator's, and the caller fails the partition.
-func (pw *partition) commitTxn() error {
+func (pw *partitionWorker) commitTxn() error {
 	pw.stableNext, pw.stableDecided = pw.next, pw.decided
 	return pw.d.CommitStaged()
 }
@@ -111,7 +111,7 @@ func (pw *partition) commitTxn() error {
 // transaction, as franz-go rewinds the input there, so that the same records
 // are decided again, and the deduplicator drops its staged changes, which no
 // write batch may ever hold. An error is the deduplicator's.
-func (pw *partition) abortTxn() error {
+func (pw *partitionWorker) abortTxn() error {
 	pw.next, pw.decided = pw.stableNext, pw.stableDecided
 	pw.nextOffset.Store(pw.next.Offset)
 	return pw.d.DiscardStaged()
@@ -122,7 +122,7 @@ func (pw *partition) abortTxn() error {
 // the group commit), so that its first write batch marks the checkpoint for
 // the group even if no record follows: flush commits only a checkpoint that
 // differs from the last one flushed.
-func (pw *partition) groupBehind(group int64) {
+func (pw *partitionWorker) groupBehind(group int64) {
 	pw.flushed = store.Checkpoint{Offset: group, LeaderEpoch: -1}
 }
 
@@ -133,7 +133,7 @@ type replayState struct {
 	start, logged time.Time
 }
 
-func (pw *partition) stop(abort bool) {
+func (pw *partitionWorker) stop(abort bool) {
 	pw.stopReplay(abort)
 	if pw.w.opts.Delivery == ExactlyOnce { // driven by the transaction loop, which is not running now
 		if !abort {
@@ -157,7 +157,7 @@ func (pw *partition) stop(abort bool) {
 // offset (forwarding again at most the records since the last group
 // commit). If a produce failed nothing is committed, and the next owner
 // decides those records again.
-func (pw *partition) settle() {
+func (pw *partitionWorker) settle() {
 	pw.inflight.Wait()
 	if err := pw.prodErr.Load(); err != nil {
 		pw.w.log.Warn("a lost partition's records were not all acknowledged; its next owner decides them again", "topic", pw.topic, "partition", pw.partition, "err", *err)
@@ -174,12 +174,12 @@ func (pw *partition) settle() {
 	pw.w.m.batches.Inc()
 }
 
-func (pw *partition) close() {
+func (pw *partitionWorker) close() {
 	pw.d.Close()
 	close(pw.done)
 }
 
-func (pw *partition) run() {
+func (pw *partitionWorker) run() {
 	defer pw.close()
 	tick := time.NewTicker(pw.w.opts.FlushInterval)
 	defer tick.Stop()
@@ -209,7 +209,7 @@ func (pw *partition) run() {
 
 // drain processes what is queued. Dispatch never runs during a revocation
 // or after polling stopped, so the queue is all this partition will get.
-func (pw *partition) drain() {
+func (pw *partitionWorker) drain() {
 	for {
 		select {
 		case recs := <-pw.in:
@@ -223,7 +223,7 @@ func (pw *partition) drain() {
 // process decides recs in order, handing produce the output record of each
 // forwarded one and, with DuplicatesTopic, of each dropped one. At least
 // once it also cuts a write batch when the dirty pages reach FlushBytes.
-func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Record)) {
+func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo.Record)) {
 	if pw.failed.Load() {
 		return
 	}
@@ -272,7 +272,7 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 
 // output is the record forwarded for r: key, value, headers and timestamp
 // kept; the default partitioner places it by key.
-func (pw *partition) output(r *kgo.Record) *kgo.Record {
+func (pw *partitionWorker) output(r *kgo.Record) *kgo.Record {
 	return &kgo.Record{Topic: pw.w.opts.OutputTopic, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
 }
 
@@ -307,7 +307,7 @@ func dropReason(d dedup.Decision) string {
 
 // dropped is the record sent to the duplicates topic for r: r's key, value,
 // headers and timestamp, then HeaderReason and HeaderSource.
-func (pw *partition) dropped(r *kgo.Record, reason string) *kgo.Record {
+func (pw *partitionWorker) dropped(r *kgo.Record, reason string) *kgo.Record {
 	h := make([]kgo.RecordHeader, len(r.Headers), len(r.Headers)+2)
 	copy(h, r.Headers)
 	h = append(h,
@@ -317,7 +317,7 @@ func (pw *partition) dropped(r *kgo.Record, reason string) *kgo.Record {
 }
 
 // produce produces out, decided from input record in, at least once.
-func (pw *partition) produce(in, out *kgo.Record) {
+func (pw *partitionWorker) produce(in, out *kgo.Record) {
 	pw.inflight.Add(1)
 	// Not the worker's context: records already decided must be delivered
 	// (or fail) before the write batch that covers them, even at shutdown.
@@ -341,7 +341,7 @@ func (pw *partition) produce(in, out *kgo.Record) {
 // goroutine cuts its own write batches. Nor has one whose start is not
 // planned yet (adjustOffsets): a replay may be about to begin, and until
 // planned is set the restore goroutine's writes are not ordered after ours.
-func (pw *partition) flush() {
+func (pw *partitionWorker) flush() {
 	if !pw.planned.Load() || pw.restoring.Load() {
 		return
 	}
@@ -392,7 +392,7 @@ const consolidateIdleIntervals = 10
 // bytes. It runs where flush runs and, like flush, never while a replay
 // owns the deduplicator. The store remembers that nothing is left, so the
 // steps of a partition that stays idle cost nothing.
-func (pw *partition) consolidateIdle() {
+func (pw *partitionWorker) consolidateIdle() {
 	if !pw.planned.Load() || pw.restoring.Load() || pw.failed.Load() {
 		return
 	}
@@ -407,7 +407,7 @@ func (pw *partition) consolidateIdle() {
 	}
 }
 
-func (pw *partition) fail(err error) {
+func (pw *partitionWorker) fail(err error) {
 	pw.failed.Store(true)
 	pw.w.fail(err)
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/store"
 )
 
 func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
@@ -28,7 +30,7 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 			}
 			pw := newPartition(w, cl, topic, p, d)
 			w.mu.Lock()
-			w.parts[topicPartition{topic, p}] = pw
+			w.parts[store.TopicPartition{Topic: topic, Partition: p}] = pw
 			w.mu.Unlock()
 			if w.opts.Delivery == AtLeastOnce {
 				go pw.run()
@@ -92,7 +94,7 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 // committed offset o, and starts its replay when it needs one (see
 // adjustOffsets). starts caches the input's start offsets, seen the topics
 // the group has committed offsets for.
-func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, starts *kadm.ListedOffsets, seen *groupOffsets, pw *partition, o kgo.Offset) (kgo.Offset, error) {
+func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, starts *kadm.ListedOffsets, seen *groupOffsets, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
 	topic, p := pw.topic, pw.partition
 	group := o.EpochOffset().Offset // negative: no committed offset
 	cp, ok := pw.d.Checkpoint()
@@ -255,11 +257,11 @@ func (w *Worker) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32)
 // the uncommitted state; otherwise each finishes its queued records and
 // commits a last write batch. It returns how many it stopped.
 func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) int {
-	var stopping []*partition
+	var stopping []*partitionWorker
 	w.mu.Lock()
 	for topic, ps := range tps {
 		for _, p := range ps {
-			tp := topicPartition{topic, p}
+			tp := store.TopicPartition{Topic: topic, Partition: p}
 			if pw := w.parts[tp]; pw != nil {
 				delete(w.parts, tp)
 				stopping = append(stopping, pw)

@@ -38,7 +38,7 @@ const restoreIdle = time.Second
 // client, then resume in the group client cl, where adjustOffsets has paused
 // it. It runs on the group client's goroutine (adjustOffsets), before any
 // record of the partition is fetched.
-func (pw *partition) startReplay(cl *kgo.Client, from, until int64) {
+func (pw *partitionWorker) startReplay(cl *kgo.Client, from, until int64) {
 	pw.replayMu.Lock()
 	pw.replay = replayState{from: from, until: until, start: time.Now(), logged: time.Now()}
 	pw.replayMu.Unlock()
@@ -60,7 +60,7 @@ func (pw *partition) startReplay(cl *kgo.Client, from, until int64) {
 // was lost) commits nothing more; otherwise the replay commits its progress
 // as a write batch, so that the next owner of this directory goes on from
 // there.
-func (pw *partition) stopReplay(abort bool) {
+func (pw *partitionWorker) stopReplay(abort bool) {
 	pw.replayMu.Lock()
 	cancel, done := pw.cancelRestore, pw.restoreDone
 	pw.replayMu.Unlock()
@@ -75,7 +75,7 @@ func (pw *partition) stopReplay(abort bool) {
 // restore runs a replay to its end, then resumes the partition in the group
 // client. A stopped replay leaves the partition paused: the client resumes
 // it when the partition is assigned again.
-func (pw *partition) restore(ctx context.Context, cancel context.CancelFunc, done chan struct{}, group *kgo.Client, from, until int64) {
+func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFunc, done chan struct{}, group *kgo.Client, from, until int64) {
 	defer close(done)
 	defer cancel()
 	stopped, err := pw.replayRange(ctx, from, until)
@@ -97,7 +97,7 @@ func (pw *partition) restore(ctx context.Context, cancel context.CancelFunc, don
 // a marker is seen to end; a stretch whose end is past the log's end (a
 // truncated log) ends at the log's end. stopped reports a replay ended by
 // ctx (stopReplay) before its end.
-func (pw *partition) replayRange(ctx context.Context, from, until int64) (stopped bool, err error) {
+func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64) (stopped bool, err error) {
 	w := pw.w
 	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(w.opts.Brokers...),
@@ -200,7 +200,7 @@ func (pw *partition) replayRange(ctx context.Context, from, until int64) (stoppe
 
 // commitReplay commits what the replay changed as a write batch with
 // checkpoint cp: local progress only, never offered to the group.
-func (pw *partition) commitReplay(cp store.Checkpoint) error {
+func (pw *partitionWorker) commitReplay(cp store.Checkpoint) error {
 	if cp == pw.flushed {
 		return nil
 	}
@@ -219,7 +219,7 @@ func (pw *partition) commitReplay(cp store.Checkpoint) error {
 }
 
 // endReplay ends the replay's accounting; completed replays are timed.
-func (pw *partition) endReplay(completed bool) {
+func (pw *partitionWorker) endReplay(completed bool) {
 	pw.replayMu.Lock()
 	r := pw.replay
 	pw.replay.start = time.Time{}
@@ -240,7 +240,7 @@ func (pw *partition) endReplay(completed bool) {
 
 // replayProgress accounts for a replay that has reached next, logging its
 // progress every 5 seconds.
-func (pw *partition) replayProgress(next, until int64) {
+func (pw *partitionWorker) replayProgress(next, until int64) {
 	pw.replayLeft.Store(max(0, until-next))
 	pw.replayMu.Lock()
 	r := pw.replay

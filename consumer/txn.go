@@ -86,7 +86,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 		mu      sync.Mutex
 		prodErr error // the first produce error
 		nFailed int   // records that failed
-		touched []*partition
+		touched []*partitionWorker
 		failed  error
 	)
 	produce := func(in, out *kgo.Record) {
@@ -184,7 +184,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 // other half).
 func (w *Worker) flushDue() {
 	w.mu.Lock()
-	parts := make([]*partition, 0, len(w.parts))
+	parts := make([]*partitionWorker, 0, len(w.parts))
 	for _, pw := range w.parts {
 		parts = append(parts, pw)
 	}

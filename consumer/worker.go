@@ -10,6 +10,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kslog"
+
+	"github.com/kdedup/kdedup/store"
 )
 
 // Worker is one member of the dedup consumer group. Create it with New and
@@ -51,7 +53,7 @@ type Worker struct {
 	// request.
 	mu         sync.Mutex
 	connected  chan struct{} // closed once cl and sess are set; a new one each connect
-	parts      map[topicPartition]*partition
+	parts      map[store.TopicPartition]*partitionWorker
 	closing    bool // shutdown began: assigned opens no more partitions
 	fatalErr   error
 	cancelPoll context.CancelFunc
@@ -60,15 +62,10 @@ type Worker struct {
 
 	// Exactly once, owned by the goroutine running Run: the batches
 	// skipped in the current transaction (skipRecords, endTxnSkips).
-	skippedInTxn []topicPartition
+	skippedInTxn []store.TopicPartition
 	// Exactly once: records refused by the broker, across transactions.
 	// Its own lock: produce callbacks add to it.
 	rejections txnRejections
-}
-
-type topicPartition struct {
-	topic     string
-	partition int32
 }
 
 // New checks opts and returns a Worker; it does not connect yet.
@@ -80,7 +77,7 @@ func New(opts Options) (*Worker, error) {
 	w := &Worker{
 		opts:  opts,
 		log:   opts.Logger,
-		parts: map[topicPartition]*partition{},
+		parts: map[store.TopicPartition]*partitionWorker{},
 		live:  newLiveness(),
 	}
 	w.rejections.known = map[recordTarget]rejection{}
@@ -200,10 +197,10 @@ func (w *Worker) publish(sess *kgo.GroupTransactSession, cl *kgo.Client) {
 	close(w.connected)
 }
 
-func (w *Worker) partition(topic string, p int32) *partition {
+func (w *Worker) partition(topic string, p int32) *partitionWorker {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.parts[topicPartition{topic, p}]
+	return w.parts[store.TopicPartition{Topic: topic, Partition: p}]
 }
 
 // fail records the first fatal error and stops polling.
@@ -227,7 +224,7 @@ func (w *Worker) release() {
 	w.mu.Lock()
 	all := make(map[string][]int32)
 	for tp := range w.parts {
-		all[tp.topic] = append(all[tp.topic], tp.partition)
+		all[tp.Topic] = append(all[tp.Topic], tp.Partition)
 	}
 	w.mu.Unlock()
 	w.stopPartitions(all, false)
