@@ -64,6 +64,11 @@ type Partition struct {
 	cp      Checkpoint
 	hasCP   bool
 	closed  bool
+	// misses counts page lookups that read Badger (CacheMisses).
+	misses uint64
+	// prefetchIDs and prefetchSeen are Prefetch's buffers, reused.
+	prefetchIDs  []filter.PageID
+	prefetchSeen map[filter.PageID]struct{}
 }
 
 func (p *Partition) load() error {
@@ -221,6 +226,7 @@ func (p *Partition) Page(id filter.PageID) ([]byte, error) {
 		return c.data, nil
 	}
 	p.db.metrics.cacheMisses.Inc()
+	p.misses++
 	c, err := p.load1(id)
 	if err != nil {
 		return nil, err
