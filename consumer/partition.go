@@ -193,6 +193,10 @@ func (pw *partition) process(recs []*kgo.Record, produce func(in, out *kgo.Recor
 		return
 	}
 	forwards, dups := pw.w.opts.Forwards, pw.w.opts.DuplicatesTopic
+	if err := pw.d.Prefetch(recs); err != nil {
+		pw.fail(err)
+		return
+	}
 	for _, r := range recs {
 		if r.Offset < pw.next.Offset {
 			continue // decided before a restart: the checkpoint covers it (see plan)
