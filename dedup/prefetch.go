@@ -82,12 +82,18 @@ func (p *Partition) prefetchFrom(i int) error {
 	a := &p.ahead
 	limit := p.state.PrefetchLimit()
 	ids := a.ids[:0]
-	for ; i < len(a.recs) && len(ids) < limit; i++ {
+	for ; i < len(a.recs); i++ {
 		key, err := p.opts.Key.Of(a.recs[i])
 		if err != nil {
 			continue // unkeyed: reads nothing
 		}
+		n := len(ids)
 		ids = p.chain.PagesOf(key, ids)
+		if len(ids) > limit && n > 0 {
+			// A part holds whole records: this one starts the next.
+			ids = ids[:n]
+			break
+		}
 	}
 	a.ids, a.end = ids, i
 	if a.end >= len(a.recs) {
