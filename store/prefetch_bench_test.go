@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/dedup"
@@ -45,7 +46,8 @@ func BenchmarkPrefetchRate(b *testing.B) {
 	cacheMiB := prefetchEnv(b, "KDEDUP_BENCH_CACHE_MIB", 4)
 	prefetch := prefetchEnv(b, "KDEDUP_BENCH_PREFETCH", 1) != 0
 
-	db, err := store.Open(store.Options{Dir: b.TempDir(), CacheBytes: int64(cacheMiB) << 20,
+	reg := prometheus.NewRegistry()
+	db, err := store.Open(store.Options{Dir: b.TempDir(), CacheBytes: int64(cacheMiB) << 20, Registerer: reg,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
@@ -89,6 +91,7 @@ func BenchmarkPrefetchRate(b *testing.B) {
 		if rate == 0 {
 			slice = 10_000
 		}
+		reads0 := gathered(b, reg, "kdedup_store_page_reads_total")
 		cpu0, wall0 := cpuTime(b), time.Now()
 		for sent := uint64(0); sent < uint64(b.N); {
 			if rate > 0 {
@@ -112,6 +115,7 @@ func BenchmarkPrefetchRate(b *testing.B) {
 		n := float64(b.N)
 		b.ReportMetric(n/wall.Seconds(), "rec/s")
 		b.ReportMetric(float64(cpu)/1e3/n, "cpu-us/rec")
+		b.ReportMetric((gathered(b, reg, "kdedup_store_page_reads_total")-reads0)/n, "page-reads/rec")
 	})
 }
 
@@ -197,6 +201,21 @@ func prefetchEnv(b *testing.B, name string, def int) int {
 		b.Fatalf("%s=%q: want a non-negative integer", name, v)
 	}
 	return n
+}
+
+// gathered returns the value of counter name in reg.
+func gathered(b *testing.B, reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	b.Fatalf("no metric %s", name)
+	return 0
 }
 
 // cpuTime is the user and system CPU time of the process.
