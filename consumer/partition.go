@@ -231,6 +231,10 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 		pw.lastActive = time.Now()
 	}
 	dups := pw.w.opts.DuplicatesTopic
+	if err := pw.d.Prefetch(recs); err != nil {
+		pw.fail(err)
+		return
+	}
 	for _, r := range recs {
 		if r.Offset < pw.next.Offset {
 			continue // decided before a restart: the checkpoint covers it (see plan)

@@ -148,6 +148,7 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64) (
 				w.log.Warn("restore fetch error", "topic", pw.topic, "partition", pw.partition, "err", err)
 			}
 		})
+		rerr = pw.d.Prefetch(fetches.Records())
 		fetches.EachRecord(func(r *kgo.Record) {
 			if done || rerr != nil || r.Offset < cp.Offset {
 				return

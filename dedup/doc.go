@@ -31,6 +31,18 @@
 // may start (Options.RebuildFrom, with package filter's generation
 // arithmetic).
 //
+// Partition.Prefetch, called with each poll before its records are
+// decided, reads the filter pages they need from the store concurrently
+// (store.Partition.Prefetch), so that a state larger than the page cache
+// costs a batch of concurrent reads per poll instead of a synchronous read
+// per record. It follows the decisions' key rules (deletes and refreshes
+// read the same pages as lookups: one per sub-filter), cuts a poll into
+// parts of store.Partition.PrefetchLimit pages, each read when the
+// decisions reach it, so that prefetched pages are not evicted before use,
+// and is skipped while the previous poll read nothing from Badger, which
+// keeps a state that fits in the cache at one counter comparison per poll.
+// It never changes a decision or a page.
+//
 // dedup does no network I/O; package consumer feeds it records and produces
 // what it forwards.
 package dedup

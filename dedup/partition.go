@@ -146,6 +146,9 @@ type Partition struct {
 	overlay    *filter.Overlay
 	stableMeta []byte
 	tally      tally
+
+	// ahead is the poll Prefetch reads ahead of its decisions.
+	ahead readAhead
 }
 
 // tally counts decisions not yet added to the metrics.
@@ -241,6 +244,11 @@ func (p *Partition) Replay(r *kgo.Record) error {
 }
 
 func (p *Partition) decide(r *kgo.Record) (Decision, error) {
+	if p.ahead.recs != nil {
+		if err := p.readAheadOf(r); err != nil {
+			return Forward, p.wrap(r, err)
+		}
+	}
 	// Every record moves the window's watermark, keyed or not: time is the
 	// input's, whatever the record holds.
 	ts := r.Timestamp.UnixMilli()
@@ -407,6 +415,7 @@ func (p *Partition) DiscardStaged() error {
 		return nil
 	}
 	p.overlay.Discard()
+	p.ahead.recs = nil // the input is read again
 	chain, err := filter.Open(p.stableMeta, p.opts.Filter, p.overlay)
 	if err != nil {
 		return fmt.Errorf("restoring the filter of %s/%d: %w", p.topic, p.partition, err)

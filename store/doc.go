@@ -27,6 +27,30 @@
 // path: a point read costs microseconds (BenchmarkPageRead), a cached page
 // about a hundred nanoseconds (BenchmarkPageCached).
 //
+// # Prefetch
+//
+// Once a partition's state exceeds the page cache, nearly every record
+// reads a page from Badger, and the filter asks for pages one at a time:
+// each read waits for the previous one, so a cache miss costs its latency
+// (an OS page fault in a memory-mapped table, a block read and its
+// checksum) on every record, and a partition's throughput is the inverse
+// of that latency. Partition.Prefetch takes the pages a batch of records
+// will read (filter.Chain.PagesOf: one per sub-filter per key) and reads
+// those neither dirty nor cached concurrently into the cache, so that the
+// batch waits about as long as its slowest read (RocksDB's MultiGet, which
+// Kvrocks uses for commands over many keys, makes the same point for point
+// lookups). Each read is an independent Badger read-only transaction
+// (Badger runs any number concurrently); the reads are bounded by
+// PrefetchWorkers goroutines, a few more than cores, enough to keep a
+// disk's queue full, and by PrefetchLimit pages per call: half the cache
+// shared by the open Partitions, so that the pages prefetched by every
+// partition fit together and none is evicted before the record that needs
+// it. A dirty page is never read (its stored copy is older), and the cache
+// is the DB's LRU, safe for concurrent use. A prefetched page counts one
+// cache miss; the Page call that follows counts a hit. Package dedup
+// decides when to prefetch and how to cut a poll into parts of
+// PrefetchLimit pages.
+//
 // # Key layout
 //
 // Keys are binary, integers big-endian, and all keys of one topic-partition

@@ -67,6 +67,11 @@ type Partition struct {
 	// consolidated: ConsolidateStep found no live delta and no write batch
 	// has written one since.
 	consolidated bool
+	// misses counts page lookups that read Badger (CacheMisses).
+	misses uint64
+	// prefetchIDs and prefetchSeen are Prefetch's buffers, reused.
+	prefetchIDs  []filter.PageID
+	prefetchSeen map[filter.PageID]struct{}
 }
 
 func (p *Partition) load() error {
@@ -238,6 +243,7 @@ func (p *Partition) Page(id filter.PageID) ([]byte, error) {
 		return c.data, nil
 	}
 	p.db.metrics.cacheMisses.Inc()
+	p.misses++
 	c, err := p.load1(id)
 	if err != nil {
 		return nil, err

@@ -297,6 +297,12 @@ type DB struct {
 	gcDone sync.WaitGroup
 }
 
+// cachePages is the number of pages the page cache holds:
+// CacheBytes/PageBytes, at least one.
+func (db *DB) cachePages() int {
+	return int(max(db.opts.CacheBytes/int64(db.opts.PageBytes), 1))
+}
+
 type cacheKey struct {
 	owner uint64
 	id    filter.PageID
@@ -346,7 +352,7 @@ func open(opts Options, tn tuning) (*DB, error) {
 	}
 	db.batchSize, db.batchCount = batchLimits(opts.PageBytes, opts.FlushBytes)
 	db.memTable = memTableBytes(db.batchSize)
-	capacity := int(max(opts.CacheBytes/int64(opts.PageBytes), 1))
+	capacity := db.cachePages()
 	cache, err := lru.New[cacheKey, *cachedPage](capacity)
 	if err != nil {
 		return nil, fmt.Errorf("store: creating the page cache: %w", err)
@@ -593,11 +599,12 @@ func (db *DB) Partition(topic string, partition int32) (*Partition, error) {
 		return nil, fmt.Errorf("store: opening %s: %w", tp, ErrPartitionOpen)
 	}
 	p := &Partition{
-		db:     db,
-		tp:     tp,
-		prefix: partitionPrefix(topic, partition),
-		owner:  db.nextOwner.Add(1),
-		dirty:  make(map[filter.PageID]*dirtyPage),
+		db:           db,
+		tp:           tp,
+		prefix:       partitionPrefix(topic, partition),
+		owner:        db.nextOwner.Add(1),
+		dirty:        make(map[filter.PageID]*dirtyPage),
+		prefetchSeen: make(map[filter.PageID]struct{}),
 	}
 	if err := p.load(); err != nil {
 		return nil, err

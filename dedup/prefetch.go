@@ -1,0 +1,104 @@
+package dedup
+
+import (
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/filter"
+)
+
+// readAhead is the state of a poll handed to Prefetch whose records are
+// being decided.
+type readAhead struct {
+	recs []*kgo.Record
+	// end is the number of recs, from the start, whose pages were
+	// prefetched; a Decide of recs[end] or later prefetches the next part.
+	end int
+	// missesAt is the store's CacheMisses when the previous poll's
+	// Prefetch started; primed is false until then.
+	missesAt uint64
+	primed   bool
+	ids      []filter.PageID
+}
+
+// Prefetch reads into memory, before recs are decided, the filter pages
+// their decisions will read first (filter.Chain.PagesOf: one page per
+// sub-filter per key, keys derived as Decide derives them, deletes
+// included), with concurrent Badger reads (store.Partition.Prefetch), so
+// that a poll whose pages are not cached waits for its reads together
+// instead of one after another inside each Decide. recs must be the next
+// records to decide, in offset order, as the poll delivered them; records
+// Decide never sees (skipped) cost a read at most. It changes no decision
+// and no state, only what is cached.
+//
+// Work is bounded by the page cache: recs are prefetched in parts of at
+// most store.Partition.PrefetchLimit pages, the first now and each next
+// one when Decide (or Replay) reaches its first record, so that
+// prefetched pages are not evicted before they are used.
+//
+// It does nothing when the previous poll, its prefetch and decisions
+// included, read no page from Badger (store.Partition.CacheMisses did not
+// move): a state that fits in the page cache pays a counter comparison per
+// poll. The first poll after a cache miss prefetches again; the first
+// poll of a Partition always does.
+//
+// Errors are storage errors, as Decide's: the partition must stop.
+func (p *Partition) Prefetch(recs []*kgo.Record) error {
+	a := &p.ahead
+	a.recs, a.end = nil, 0
+	misses := p.state.CacheMisses()
+	if a.primed && misses == a.missesAt {
+		return nil
+	}
+	a.primed, a.missesAt = true, misses
+	if len(recs) == 0 {
+		return nil
+	}
+	a.recs = recs
+	if err := p.prefetchFrom(0); err != nil {
+		return fmt.Errorf("prefetching the pages of %s/%d offsets %d to %d: %w", p.topic, p.partition, recs[0].Offset, recs[len(recs)-1].Offset, err)
+	}
+	return nil
+}
+
+// readAheadOf prefetches the next part of the poll when r is at or past
+// its end.
+func (p *Partition) readAheadOf(r *kgo.Record) error {
+	a := &p.ahead
+	if a.end >= len(a.recs) || r.Offset < a.recs[a.end].Offset {
+		return nil
+	}
+	i := a.end
+	for i < len(a.recs) && a.recs[i].Offset < r.Offset {
+		i++
+	}
+	return p.prefetchFrom(i)
+}
+
+// prefetchFrom prefetches the pages of the poll's records from index i on,
+// up to the store's limit, and moves the end of the read-ahead past them.
+func (p *Partition) prefetchFrom(i int) error {
+	a := &p.ahead
+	limit := p.state.PrefetchLimit()
+	ids := a.ids[:0]
+	for ; i < len(a.recs); i++ {
+		key, err := p.opts.Key.Of(a.recs[i])
+		if err != nil {
+			continue // unkeyed: reads nothing
+		}
+		n := len(ids)
+		ids = p.chain.PagesOf(key, ids)
+		if len(ids) > limit && n > 0 {
+			// A part holds whole records: this one starts the next.
+			ids = ids[:n]
+			break
+		}
+	}
+	a.ids, a.end = ids, i
+	if a.end >= len(a.recs) {
+		a.recs = nil // the last part: hold no records past the poll
+		a.end = 0
+	}
+	return p.chain.Prefetch(ids)
+}

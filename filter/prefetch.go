@@ -1,0 +1,74 @@
+package filter
+
+import "fmt"
+
+// Prefetcher is an optional extension of Pager for a Pager whose Page may
+// wait on storage: Prefetch loads the pages ids into memory ahead of the
+// operations that will ask for them, so that those reads are issued
+// together (concurrently, in store.Partition) instead of one at a time as
+// the chain asks for each. Prefetch is a hint: it never changes what Page
+// returns, may load fewer pages than asked (a bound on memory), and may be
+// given a page more than once or one never written. Errors are those Page
+// would return for the same pages. A caller finds it by a type assertion
+// on the Pager; an Overlay passes it on to its base Pager.
+//
+// This is the batched point lookup (RocksDB's MultiGet, which Kvrocks
+// issues for its commands over many keys) applied to the pages a batch of
+// keys will read.
+type Prefetcher interface {
+	Prefetch(ids []PageID) error
+}
+
+// PagesOf appends to dst the pages that Contains, Insert, Count or Delete
+// of key read first and returns the extended slice: one page per
+// sub-filter of the chain as it is now, oldest first, since both candidate
+// buckets of a key lie on one page (see open) and an eviction walk
+// stays on that page. Operations that grow the chain read pages of the new
+// sub-filter, which no store holds yet; Advance may drop sub-filters whose
+// pages are listed. It reads no page and changes nothing; it costs one
+// hash of key and a few multiplications per sub-filter.
+func (c *Chain) PagesOf(key []byte, dst []PageID) []PageID {
+	h := c.hash(key)
+	for s := range c.subs {
+		sf := &c.subs[s]
+		// The page open chooses (bucket.go): the high half of lo32*Pages.
+		// TestPagesOf holds the two together.
+		dst = append(dst, PageID{SubFilter: sf.ID, Page: uint32(uint64(uint32(h)) * sf.Pages >> 32)})
+	}
+	return dst
+}
+
+// Prefetch hands ids to the Chain's Pager if it is a Prefetcher, and does
+// nothing otherwise. Errors are the Pager's, wrapped.
+func (c *Chain) Prefetch(ids []PageID) error {
+	pf, ok := c.pager.(Prefetcher)
+	if !ok || len(ids) == 0 {
+		return nil
+	}
+	if err := pf.Prefetch(ids); err != nil {
+		return fmt.Errorf("filter: prefetching %d pages: %w", len(ids), err)
+	}
+	return nil
+}
+
+// Prefetch passes to the base Pager, if it is a Prefetcher, the pages of
+// ids not staged this round: a staged page is read from the Overlay, and
+// the base's copy of it is read again only by Commit.
+func (o *Overlay) Prefetch(ids []PageID) error {
+	pf, ok := o.base.(Prefetcher)
+	if !ok {
+		return nil
+	}
+	rest := make([]PageID, 0, len(ids))
+	for _, id := range ids {
+		if _, staged := o.staged[id]; !staged {
+			rest = append(rest, id)
+		}
+	}
+	if len(rest) == 0 {
+		return nil
+	}
+	return pf.Prefetch(rest)
+}
+
+var _ Prefetcher = (*Overlay)(nil)

@@ -1,0 +1,116 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kdedup/kdedup/filter"
+)
+
+// PrefetchWorkers is the most Badger reads one Partition.Prefetch has in
+// flight at once. Each read is a point lookup of a page and its deltas that
+// mostly waits on the OS (a page-cache miss in Badger's memory-mapped
+// tables, or a block read and its checksum); a few more readers than cores
+// keep the disk queue busy without a goroutine per page.
+const PrefetchWorkers = 8
+
+// Prefetch reads into the page cache the pages of ids that are neither
+// dirty nor cached, with up to PrefetchWorkers Badger reads at once, so
+// that a batch of records whose pages are not in memory waits for about
+// the slowest read instead of the sum of them (see the package comment).
+// It implements filter.Prefetcher.
+//
+// Pages already cached move to the front of the LRU. At most
+// PrefetchLimit pages are read per call (the first ones of ids): the rest
+// are left to Page. Each page read counts once as a cache miss
+// (kdedup_store_page_cache_misses_total and CacheMisses); the Page call
+// that follows finds it cached and counts a hit. Duplicate IDs are read
+// once. Errors are those of Page for the same page: ErrCorrupt for a
+// stored entry that cannot be right (logged and counted as corruption,
+// like Page), ErrClosed after Close, or Badger's error; pages read before
+// an error are cached, the failed ones are not.
+//
+// The concurrency is internal: like every method of Partition, Prefetch is
+// called by the goroutine that owns the partition, and it returns after
+// its reads have ended. The DB's cache is shared with the Partitions of
+// other goroutines and is safe for concurrent use.
+func (p *Partition) Prefetch(ids []filter.PageID) error {
+	if p.closed || p.db.closed.Load() {
+		return fmt.Errorf("store: prefetching %d pages of %s: %w", len(ids), p.tp, ErrClosed)
+	}
+	limit := p.PrefetchLimit()
+	want := p.prefetchIDs[:0]
+	clear(p.prefetchSeen)
+	for _, id := range ids {
+		if len(want) >= limit {
+			break
+		}
+		if _, ok := p.dirty[id]; ok {
+			continue // the dirty copy is newer than any stored one
+		}
+		if _, ok := p.prefetchSeen[id]; ok {
+			continue
+		}
+		p.prefetchSeen[id] = struct{}{}
+		if _, ok := p.db.cache.Get(cacheKey{owner: p.owner, id: id}); ok {
+			continue
+		}
+		want = append(want, id)
+	}
+	p.prefetchIDs = want
+	if len(want) == 0 {
+		return nil
+	}
+	p.misses += uint64(len(want))
+	p.db.metrics.cacheMisses.Add(float64(len(want)))
+
+	pages := make([]*cachedPage, len(want))
+	errs := make([]error, len(want))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(PrefetchWorkers, len(want)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(want) {
+					return
+				}
+				// load1 only reads the Partition's immutable fields and
+				// the DB; each call reads in its own Badger read-only
+				// transaction, which Badger allows concurrently.
+				pages[i], errs[i] = p.load1(want[i])
+			}
+		}()
+	}
+	wg.Wait()
+	for i, c := range pages {
+		if c != nil {
+			p.db.cacheAdd(cacheKey{owner: p.owner, id: want[i]}, c)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PrefetchLimit is the most pages one Prefetch reads: half the page cache
+// shared equally by the open Partitions of the DB, so that the pages every
+// partition prefetched for its next records fit in the cache together
+// with half of it to spare, and none is evicted before its Page call. At
+// least 1.
+func (p *Partition) PrefetchLimit() int {
+	p.db.mu.Lock()
+	open := len(p.db.open)
+	p.db.mu.Unlock()
+	return max(1, p.db.cachePages()/(2*max(open, 1)))
+}
+
+// CacheMisses returns the number of this Partition's page lookups that had
+// to read Badger since it was opened: Page calls that found the page
+// neither dirty nor cached, and pages Prefetch read. A caller that sees it
+// unchanged over a batch of records can skip prefetching the next one.
+func (p *Partition) CacheMisses() uint64 { return p.misses }
+
+var _ filter.Prefetcher = (*Partition)(nil)
