@@ -5,7 +5,7 @@ import "fmt"
 // ConsolidateStep folds the page deltas of the partition's committed state
 // into whole pages, about maxBytes of pages per call, in one write batch
 // that keeps the committed checkpoint and chain metadata
-// (store.Partition.ConsolidateStep). more reports that pages with deltas
+// (store.PartitionState.ConsolidateStep). more reports that pages with deltas
 // remain. Deltas keep a write batch proportional to the records it holds;
 // folding them in while the partition is idle brings the state at rest back
 // to its page bytes (about f/load bits per key) and keeps a page read to

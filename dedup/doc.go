@@ -33,11 +33,11 @@
 //
 // Partition.Prefetch, called with each poll before its records are
 // decided, reads the filter pages they need from the store concurrently
-// (store.Partition.Prefetch), so that a state larger than the page cache
+// (store.PartitionState.Prefetch), so that a state larger than the page cache
 // costs a batch of concurrent reads per poll instead of a synchronous read
 // per record. It follows the decisions' key rules (deletes and refreshes
 // read the same pages as lookups: one per sub-filter), cuts a poll into
-// parts of store.Partition.PrefetchLimit pages, each read when the
+// parts of store.PartitionState.PrefetchLimit pages, each read when the
 // decisions reach it, so that prefetched pages are not evicted before use,
 // and is skipped while the previous poll read nothing from Badger, which
 // keeps a state that fits in the cache at one counter comparison per poll.

@@ -135,7 +135,7 @@ type Partition struct {
 	topic      string
 	partition  int32
 	opts       Options
-	state      *store.Partition
+	state      *store.PartitionState
 	chain      *filter.Chain
 	m          partitionMetrics
 	lastKeyErr error
@@ -446,7 +446,7 @@ func (p *Partition) wrap(r *kgo.Record, err error) error {
 
 // DirtyBytes is the size of the write batch the changes since the last
 // Commit make (with Options.Staged: of the changes applied by
-// CommitStaged), as store.Partition.DirtyBytes counts it: at most a page per
+// CommitStaged), as store.PartitionState.DirtyBytes counts it: at most a page per
 // page changed.
 func (p *Partition) DirtyBytes() int64 { return p.state.DirtyBytes() }
 

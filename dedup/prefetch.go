@@ -25,7 +25,7 @@ type readAhead struct {
 // Prefetch reads into memory, before recs are decided, the filter pages
 // their decisions will read first (filter.Chain.PagesOf: one page per
 // sub-filter per key, keys derived as Decide derives them, deletes
-// included), with concurrent Badger reads (store.Partition.Prefetch), so
+// included), with concurrent Badger reads (store.PartitionState.Prefetch), so
 // that a poll whose pages are not cached waits for its reads together
 // instead of one after another inside each Decide. recs must be the next
 // records to decide, in offset order, as the poll delivered them; records
@@ -33,12 +33,12 @@ type readAhead struct {
 // and no state, only what is cached.
 //
 // Work is bounded by the page cache: recs are prefetched in parts of at
-// most store.Partition.PrefetchLimit pages, the first now and each next
+// most store.PartitionState.PrefetchLimit pages, the first now and each next
 // one when Decide (or Replay) reaches its first record, so that
 // prefetched pages are not evicted before they are used.
 //
 // It does nothing when the previous poll, its prefetch and decisions
-// included, read no page from Badger (store.Partition.CacheMisses did not
+// included, read no page from Badger (store.PartitionState.CacheMisses did not
 // move): a state that fits in the page cache pays a counter comparison per
 // poll. The first poll after a cache miss prefetches again; the first
 // poll of a Partition always does.

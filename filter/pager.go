@@ -14,7 +14,7 @@ type PageID struct {
 // exactly the dirty ones, and, from MarkChanged, exactly the bytes that
 // changed in them.
 //
-// Pager is declared here because the Chain is its only user; store.Partition
+// Pager is declared here because the Chain is its only user; store.PartitionState
 // is the durable implementation and MemPager the in-memory one.
 type Pager interface {
 	// Page returns the page id, exactly PageBytes long. A page that was never

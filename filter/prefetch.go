@@ -5,7 +5,7 @@ import "fmt"
 // Prefetcher is an optional extension of Pager for a Pager whose Page may
 // wait on storage: Prefetch loads the pages ids into memory ahead of the
 // operations that will ask for them, so that those reads are issued
-// together (concurrently, in store.Partition) instead of one at a time as
+// together (concurrently, in store.PartitionState) instead of one at a time as
 // the chain asks for each. Prefetch is a hint: it never changes what Page
 // returns, may load fewer pages than asked (a bound on memory), and may be
 // given a page more than once or one never written. Errors are those Page

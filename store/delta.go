@@ -50,12 +50,12 @@ type dirtyPage struct {
 	spans []span
 	raw   int // bytes the spans would encode to at most
 	whole bool
-	// batchBytes is the page's share of Partition.DirtyBytes.
+	// batchBytes is the page's share of PartitionState.DirtyBytes.
 	batchBytes int64
 }
 
 // minDirtyBytes returns the least a dirty page of pageBytes counts in
-// Partition.DirtyBytes: a quarter of a page, and never less than Badger's
+// PartitionState.DirtyBytes: a quarter of a page, and never less than Badger's
 // skiplist node size (on which Badger bases its limit on a transaction's
 // entries, MaxBatchSize over it) nor more than the page. A quarter of a
 // page keeps what a write batch cut at FlushBytes holds in memory, the
@@ -70,7 +70,7 @@ func minDirtyBytes(pageBytes int) int64 {
 	return min(max(int64(pageBytes/4), int64(skl.MaxNodeSize)), int64(pageBytes))
 }
 
-// sizeInBatch returns what d adds to a write batch, as Partition.DirtyBytes
+// sizeInBatch returns what d adds to a write batch, as PartitionState.DirtyBytes
 // counts it, with delta keys of keyBytes: PageBytes when Commit may write
 // it whole (the key, header and Badger's bytes of a whole page are in the
 // allowance batchLimits adds per page); for a delta, its key, at most raw
@@ -101,7 +101,7 @@ func maxDeltaBytes(pageBytes int) int { return pageBytes / 2 }
 // mark records bytes [off, off+n) of d as changed. A page whose delta
 // would be rewritten whole at the next write batch (its change, or its
 // change and its live deltas, pass maxDeltaBytes) stops tracking ranges.
-func (p *Partition) mark(d *dirtyPage, off, n int) {
+func (p *PartitionState) mark(d *dirtyPage, off, n int) {
 	if d.whole {
 		return
 	}
@@ -131,13 +131,13 @@ func (p *Partition) mark(d *dirtyPage, off, n int) {
 }
 
 // setWhole makes d a page written whole, its ranges kept for reuse.
-func (p *Partition) setWhole(d *dirtyPage) {
+func (p *PartitionState) setWhole(d *dirtyPage) {
 	p.recycle(d)
 	d.whole = true
 }
 
 // recycle keeps d's range buffer for another dirty page.
-func (p *Partition) recycle(d *dirtyPage) {
+func (p *PartitionState) recycle(d *dirtyPage) {
 	if d.spans != nil && len(p.spareSpans) < maxSpareSpans {
 		p.spareSpans = append(p.spareSpans, d.spans[:0])
 	}
@@ -148,7 +148,7 @@ func (p *Partition) recycle(d *dirtyPage) {
 const maxSpareSpans = 4096
 
 // deltaKeyBytes is the length of p's delta keys.
-func (p *Partition) deltaKeyBytes() int { return len(p.prefix) + pageKeySuffix + deltaSeqBytes }
+func (p *PartitionState) deltaKeyBytes() int { return len(p.prefix) + pageKeySuffix + deltaSeqBytes }
 
 // encodeDelta returns the delta value of the spans of page: for each run of
 // changed bytes in increasing order, uvarint(gap from the end of the
@@ -199,7 +199,7 @@ func applyDelta(page, v []byte) error {
 // live deltas applied in sequence order, and its log. found reports whether
 // any entry of the page is stored. Errors wrap ErrCorrupt for entries that
 // cannot be right.
-func (p *Partition) readPage(txn *badger.Txn, id filter.PageID) (data []byte, log pageLog, found bool, err error) {
+func (p *PartitionState) readPage(txn *badger.Txn, id filter.PageID) (data []byte, log pageLog, found bool, err error) {
 	pb := p.db.opts.PageBytes
 	prefix := pageKey(p.prefix, id)
 	data = make([]byte, pb)
@@ -269,7 +269,7 @@ type obsoleteDeltas struct {
 // limit; a failure is logged and retried after the next write batch, and
 // entries left by a crash are deleted when their page is next rewritten
 // whole.
-func (p *Partition) deleteObsolete() {
+func (p *PartitionState) deleteObsolete() {
 	p.lastObsoleteBytes = 0
 	if len(p.obsolete) == 0 {
 		return
@@ -306,7 +306,7 @@ func (p *Partition) deleteObsolete() {
 // reports nothing more). With Badger's compaction it brings the state at
 // rest to its page bytes: live deltas add up to half a page per page until
 // then. It returns ConsolidateStep's errors.
-func (p *Partition) Consolidate() error {
+func (p *PartitionState) Consolidate() error {
 	for {
 		more, err := p.ConsolidateStep(p.db.opts.FlushBytes)
 		if err != nil || !more {
@@ -330,7 +330,7 @@ func (p *Partition) Consolidate() error {
 // batch. It returns ErrDirty when p has uncommitted changes (nothing is
 // done), ErrClosed after Close, and Commit's and Page's errors; nothing,
 // and no more, without a committed write batch.
-func (p *Partition) ConsolidateStep(maxBytes int64) (more bool, err error) {
+func (p *PartitionState) ConsolidateStep(maxBytes int64) (more bool, err error) {
 	if p.closed || p.db.closed.Load() {
 		return false, fmt.Errorf("store: consolidating %s: %w", p.tp, ErrClosed)
 	}
@@ -376,7 +376,7 @@ func (p *Partition) ConsolidateStep(maxBytes int64) (more bool, err error) {
 // or folded into a newer base and not yet deleted): 0 once ConsolidateStep
 // has folded every delta in. It lists keys, not values, and returns
 // ErrClosed after Close.
-func (p *Partition) DeltaPages() (int, error) {
+func (p *PartitionState) DeltaPages() (int, error) {
 	if p.closed || p.db.closed.Load() {
 		return 0, fmt.Errorf("store: listing the deltas of %s: %w", p.tp, ErrClosed)
 	}
@@ -386,7 +386,7 @@ func (p *Partition) DeltaPages() (int, error) {
 
 // deltaPages lists, in key order, the pages of p with a stored delta entry,
 // live or folded into a newer base and not yet deleted; keys only.
-func (p *Partition) deltaPages() ([]filter.PageID, error) {
+func (p *PartitionState) deltaPages() ([]filter.PageID, error) {
 	var ids []filter.PageID
 	start := append(append([]byte{}, p.prefix...), tagPage)
 	err := p.db.bdb.View(func(txn *badger.Txn) error {

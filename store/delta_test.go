@@ -17,7 +17,7 @@ import (
 // storedEntries scans every page entry of p in Badger and returns, per
 // page, its base sequence number (-1 without a base) and its delta
 // sequence numbers in key order.
-func storedEntries(t *testing.T, p *Partition) (bases map[filter.PageID]int64, deltas map[filter.PageID][]uint32) {
+func storedEntries(t *testing.T, p *PartitionState) (bases map[filter.PageID]int64, deltas map[filter.PageID][]uint32) {
 	t.Helper()
 	bases, deltas = map[filter.PageID]int64{}, map[filter.PageID][]uint32{}
 	start := append(append([]byte{}, p.prefix...), tagPage)
@@ -244,9 +244,9 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) int64 {
 // obsoleteDeleted returns the key bytes of the obsolete deltas p's last
 // Commit deleted after its transaction (all of them: the deletes do not
 // fail in memory).
-func obsoleteDeleted(p *Partition) int64 { return p.lastObsoleteBytes }
+func obsoleteDeleted(p *PartitionState) int64 { return p.lastObsoleteBytes }
 
-func readPageT(p *Partition, id filter.PageID) (data []byte, lg pageLog, found bool, err error) {
+func readPageT(p *PartitionState, id filter.PageID) (data []byte, lg pageLog, found bool, err error) {
 	err = p.db.bdb.View(func(txn *badger.Txn) error {
 		data, lg, found, err = p.readPage(txn, id)
 		return err

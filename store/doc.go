@@ -34,7 +34,7 @@
 // each read waits for the previous one, so a cache miss costs its latency
 // (an OS page fault in a memory-mapped table, a block read and its
 // checksum) on every record, and a partition's throughput is the inverse
-// of that latency. Partition.Prefetch takes the pages a batch of records
+// of that latency. PartitionState.Prefetch takes the pages a batch of records
 // will read (filter.Chain.PagesOf: one per sub-filter per key) and reads
 // those neither dirty nor cached concurrently into the cache, so that the
 // batch waits about as long as its slowest read (RocksDB's MultiGet, which
@@ -115,7 +115,7 @@
 // bytes, so a write batch chooses between delta and whole page without
 // reading Badger.
 //
-// Partition.DirtyBytes counts what the write batch will write: a page
+// PartitionState.DirtyBytes counts what the write batch will write: a page
 // written whole as PageBytes, a delta as an upper bound of its entry (key,
 // runs with their headers, Badger's per-entry bytes), but at least a
 // quarter of a page, so that the dirty pages a batch cut at
@@ -128,8 +128,8 @@
 // partition writes a delta entry per several records, not one per record.
 //
 // At rest, live deltas add up to half a page per page (about a quarter on
-// average in steady state). Partition.ConsolidateStep folds them into their
-// pages, a bounded write batch at a time, and Partition.Consolidate all of
+// average in steady state). PartitionState.ConsolidateStep folds them into their
+// pages, a bounded write batch at a time, and PartitionState.Consolidate all of
 // them; with Badger's compaction the state at rest is then its page bytes.
 // The worker (consumer) takes a step per flush interval on a partition idle
 // for ten of them: an idle partition has the time, and a busy one would
@@ -138,7 +138,7 @@
 // # Dropped sub-filters
 //
 // When a dedup window expires a generation, the chain hands its sub-filters
-// to Partition.Drop. The write batch that commits metadata without them
+// to PartitionState.Drop. The write batch that commits metadata without them
 // also writes a 'd' marker per sub-filter; after it commits, the
 // sub-filter's pages are deleted (Badger prefix iteration and deletes in a
 // WriteBatch, whose partial flushes are harmless here: nothing refers to

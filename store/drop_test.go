@@ -13,7 +13,7 @@ import (
 
 // storedKeys returns every key of the partition's prefix, as strings of
 // the bytes after the prefix.
-func storedKeys(t *testing.T, db *DB, p *Partition) map[string]bool {
+func storedKeys(t *testing.T, db *DB, p *PartitionState) map[string]bool {
 	t.Helper()
 	keys := map[string]bool{}
 	err := db.bdb.View(func(txn *badger.Txn) error {

@@ -535,7 +535,7 @@ func BenchmarkDurableRate(b *testing.B) {
 	}
 	// KDEDUP_BENCH_AT_REST=1 also measures the state at rest (untimed):
 	// rest-bits/key as the run left it (deltas included), then
-	// consolidated-bits/key after Partition.Consolidate, both after
+	// consolidated-bits/key after PartitionState.Consolidate, both after
 	// Badger's compaction (measureAtRest's latest copy), beside
 	// page-bits/key, the page bytes the filters hold; logged.
 	items, _, pageBytes := r.stats()

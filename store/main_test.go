@@ -49,7 +49,7 @@ func openTuned(t testing.TB, opts Options, tn tuning) *DB {
 	return db
 }
 
-func partitionT(t testing.TB, db *DB, topic string, partition int32) *Partition {
+func partitionT(t testing.TB, db *DB, topic string, partition int32) *PartitionState {
 	t.Helper()
 	p, err := db.Partition(topic, partition)
 	if err != nil {
@@ -74,7 +74,7 @@ func pageBytes(size int, id filter.PageID, stamp uint64) []byte {
 
 // write stores content as page id through the Pager protocol: Page, modify
 // in place, MarkDirty.
-func write(t testing.TB, p *Partition, id filter.PageID, content []byte) {
+func write(t testing.TB, p *PartitionState, id filter.PageID, content []byte) {
 	t.Helper()
 	page, err := p.Page(id)
 	if err != nil {
@@ -84,7 +84,7 @@ func write(t testing.TB, p *Partition, id filter.PageID, content []byte) {
 	p.MarkDirty(id, page)
 }
 
-func mustPage(t testing.TB, p *Partition, id filter.PageID) []byte {
+func mustPage(t testing.TB, p *PartitionState, id filter.PageID) []byte {
 	t.Helper()
 	page, err := p.Page(id)
 	if err != nil {

@@ -22,15 +22,15 @@ type Checkpoint struct {
 	LeaderEpoch int32
 }
 
-// Partition is the durable state of one topic-partition: the pages of its
+// PartitionState is the durable state of one topic-partition: the pages of its
 // chain, the chain metadata and the checkpoint. It implements filter.Pager.
 // Pages read or written since the last Commit stay in memory; Commit writes
 // the dirty ones together with metadata and checkpoint in one Badger
 // transaction, so the durable state is always that of a whole write batch.
 //
-// A Partition is not safe for concurrent use: one goroutine owns it. The
-// Partitions of one DB may be used from different goroutines at once.
-type Partition struct {
+// A PartitionState is not safe for concurrent use: one goroutine owns it. The
+// PartitionStates of one DB may be used from different goroutines at once.
+type PartitionState struct {
 	db     *DB
 	tp     TopicPartition
 	prefix []byte
@@ -74,7 +74,7 @@ type Partition struct {
 	prefetchSeen map[filter.PageID]struct{}
 }
 
-func (p *Partition) load() error {
+func (p *PartitionState) load() error {
 	var meta, cp []byte
 	var hasMeta, hasCP bool
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
@@ -110,7 +110,7 @@ func (p *Partition) load() error {
 
 // droppedMarkers lists the sub-filters whose drop was committed and whose
 // pages may not all be deleted yet.
-func (p *Partition) droppedMarkers() ([]uint32, error) {
+func (p *PartitionState) droppedMarkers() ([]uint32, error) {
 	var subs []uint32
 	start := append(append([]byte{}, p.prefix...), tagDropped)
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
@@ -132,7 +132,7 @@ func (p *Partition) droppedMarkers() ([]uint32, error) {
 // their markers. A failure is logged and the sub-filters stay listed, to be
 // retried after the next write batch (or the next open): the pages are
 // garbage, nothing reads them, and the committed state is unaffected.
-func (p *Partition) deleteDropped() {
+func (p *PartitionState) deleteDropped() {
 	for len(p.reclaim) > 0 {
 		if err := p.db.checkFreeSpace(); err != nil {
 			// Deletes are writes too; the next Commit reports the shortage.
@@ -150,7 +150,7 @@ func (p *Partition) deleteDropped() {
 	}
 }
 
-func (p *Partition) deleteSubFilter(sub uint32) (int, error) {
+func (p *PartitionState) deleteSubFilter(sub uint32) (int, error) {
 	prefix := subFilterPagesPrefix(p.prefix, sub)
 	wb := p.db.bdb.NewWriteBatch()
 	defer wb.Cancel()
@@ -195,15 +195,15 @@ func get(txn *badger.Txn, key []byte) ([]byte, bool, error) {
 }
 
 // TopicPartition returns the topic-partition whose state p holds.
-func (p *Partition) TopicPartition() TopicPartition { return p.tp }
+func (p *PartitionState) TopicPartition() TopicPartition { return p.tp }
 
 // Meta returns the chain metadata of the last committed write batch, or nil
 // if the partition has none. The caller must not modify it.
-func (p *Partition) Meta() []byte { return p.meta }
+func (p *PartitionState) Meta() []byte { return p.meta }
 
 // Checkpoint returns the checkpoint of the last committed write batch, and
 // false if the partition has none.
-func (p *Partition) Checkpoint() (Checkpoint, bool) { return p.cp, p.hasCP }
+func (p *PartitionState) Checkpoint() (Checkpoint, bool) { return p.cp, p.hasCP }
 
 // Page returns page id, PageBytes long: the dirty copy if there is one, else
 // the cached or stored clean page (its base with its deltas applied); a page
@@ -213,7 +213,7 @@ func (p *Partition) Checkpoint() (Checkpoint, bool) { return p.cp, p.hasCP }
 // changes lost) at any time. A stored entry that cannot be right (a base of
 // the wrong length, a delta out of the page or out of sequence) returns
 // ErrCorrupt; after Close, ErrClosed.
-func (p *Partition) Page(id filter.PageID) ([]byte, error) {
+func (p *PartitionState) Page(id filter.PageID) ([]byte, error) {
 	// The chain asks again for the page it read last (an insert reads the
 	// newest sub-filter's page in its lookup, then to place the key): found
 	// without a map or cache lookup. p.last is never a dirty page
@@ -254,7 +254,7 @@ func (p *Partition) Page(id filter.PageID) ([]byte, error) {
 }
 
 // load1 reads page id and its log from Badger.
-func (p *Partition) load1(id filter.PageID) (*cachedPage, error) {
+func (p *PartitionState) load1(id filter.PageID) (*cachedPage, error) {
 	var c cachedPage
 	var found bool
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
@@ -281,7 +281,7 @@ func (p *Partition) load1(id filter.PageID) (*cachedPage, error) {
 // MarkDirty records that page, the slice Page returned for id, was modified
 // as a whole; the next Commit persists it whole. Until then it is held
 // outside the cache and never evicted. It has no effect after Close.
-func (p *Partition) MarkDirty(id filter.PageID, page []byte) {
+func (p *PartitionState) MarkDirty(id filter.PageID, page []byte) {
 	if d := p.markDirty(id, page); d != nil {
 		p.setWhole(d)
 		p.account(d)
@@ -294,7 +294,7 @@ func (p *Partition) MarkDirty(id filter.PageID, page []byte) {
 // comment). A range outside the page counts as MarkDirty. Until then the
 // page is held outside the cache and never evicted. It has no effect after
 // Close.
-func (p *Partition) MarkChanged(id filter.PageID, page []byte, off, n int) {
+func (p *PartitionState) MarkChanged(id filter.PageID, page []byte, off, n int) {
 	if d := p.markDirty(id, page); d != nil {
 		p.mark(d, off, n)
 		p.account(d)
@@ -303,7 +303,7 @@ func (p *Partition) MarkChanged(id filter.PageID, page []byte, off, n int) {
 
 // markDirty returns the dirty record of id, creating it from the page's
 // clean record, or nil after Close.
-func (p *Partition) markDirty(id filter.PageID, page []byte) *dirtyPage {
+func (p *PartitionState) markDirty(id filter.PageID, page []byte) *dirtyPage {
 	if p.closed {
 		return nil
 	}
@@ -349,7 +349,7 @@ func (p *Partition) markDirty(id filter.PageID, page []byte) *dirtyPage {
 // (see the package comment). Its clean cached pages are left to age out
 // of the LRU: IDs are never reused, so nothing asks for them again. It has
 // no effect after Close.
-func (p *Partition) Drop(subFilter uint32) {
+func (p *PartitionState) Drop(subFilter uint32) {
 	if p.closed {
 		return
 	}
@@ -375,14 +375,14 @@ func (p *Partition) Drop(subFilter uint32) {
 // cut when DirtyBytes reaches Options.FlushBytes stays within the Badger
 // transaction Open sized for it, and at least a quarter of it, so that the
 // dirty pages it holds take at most four times FlushBytes.
-func (p *Partition) DirtyBytes() int64 { return p.dirtyBytes }
+func (p *PartitionState) DirtyBytes() int64 { return p.dirtyBytes }
 
 // DirtyPages returns the number of pages changed since the last successful
 // Commit (or Discard).
-func (p *Partition) DirtyPages() int { return len(p.dirty) }
+func (p *PartitionState) DirtyPages() int { return len(p.dirty) }
 
 // account updates d's share of DirtyBytes after a change.
-func (p *Partition) account(d *dirtyPage) {
+func (p *PartitionState) account(d *dirtyPage) {
 	b := d.sizeInBatch(p.db.opts.PageBytes, p.deltaKeyBytes())
 	p.dirtyBytes += b - d.batchBytes
 	d.batchBytes = b
@@ -401,7 +401,7 @@ func (p *Partition) account(d *dirtyPage) {
 // limit (the caller let DirtyBytes grow past FlushBytes), ErrCorrupt when a
 // dirty page is not PageBytes long, ErrReadOnly, ErrClosed, the error of
 // reading a page marked without Page, or Badger's error.
-func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
+func (p *PartitionState) Commit(meta []byte, cp Checkpoint) error {
 	if p.closed || p.db.closed.Load() {
 		return fmt.Errorf("store: committing a write batch of %s: %w", p.tp, ErrClosed)
 	}
@@ -453,7 +453,7 @@ func (p *Partition) Commit(meta []byte, cp Checkpoint) error {
 
 // commit stages and commits the transaction and returns the key and value
 // bytes it wrote and the log of every dirty page once it is committed.
-func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, map[filter.PageID]pageLog, error) {
+func (p *PartitionState) commit(meta []byte, cp Checkpoint) (int64, map[filter.PageID]pageLog, error) {
 	txn := p.db.bdb.NewTransaction(true)
 	defer txn.Discard()
 	var written int64
@@ -524,7 +524,7 @@ func (p *Partition) commit(meta []byte, cp Checkpoint) (int64, map[filter.PageID
 // Discard drops the dirty pages and this partition's cached pages, in
 // memory only: the next Page reads the last committed state from Badger.
 // Use it when the partition is lost or its uncommitted changes are void.
-func (p *Partition) Discard() {
+func (p *PartitionState) Discard() {
 	clear(p.dirty)
 	p.dirtyBytes = 0
 	p.last, p.lastDirty, p.markErr = nil, nil, nil
@@ -532,7 +532,7 @@ func (p *Partition) Discard() {
 	p.dropCached()
 }
 
-func (p *Partition) dropCached() {
+func (p *PartitionState) dropCached() {
 	for _, k := range p.db.cache.Keys() {
 		if k.owner == p.owner {
 			p.db.cache.Remove(k)
@@ -543,7 +543,7 @@ func (p *Partition) dropCached() {
 // Close releases the in-memory state of the partition, dropping its dirty
 // and cached pages, so that the topic-partition can be opened again. Later
 // calls do nothing.
-func (p *Partition) Close() {
+func (p *PartitionState) Close() {
 	if p.closed {
 		return
 	}
@@ -552,7 +552,7 @@ func (p *Partition) Close() {
 	p.db.release(p.tp)
 }
 
-var _ filter.Pager = (*Partition)(nil)
+var _ filter.Pager = (*PartitionState)(nil)
 
 func fmtPageID(id filter.PageID) string {
 	return fmt.Sprintf("page %d of sub-filter %d", id.Page, id.SubFilter)

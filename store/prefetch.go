@@ -9,7 +9,7 @@ import (
 	"github.com/kdedup/kdedup/filter"
 )
 
-// PrefetchWorkers is the most Badger reads one Partition.Prefetch has in
+// PrefetchWorkers is the most Badger reads one PartitionState.Prefetch has in
 // flight at once. Each read is a point lookup of a page and its deltas that
 // mostly waits on the OS (a page-cache miss in Badger's memory-mapped
 // tables, or a block read and its checksum); a few more readers than cores
@@ -34,9 +34,9 @@ const PrefetchWorkers = 8
 //
 // The concurrency is internal: like every method of Partition, Prefetch is
 // called by the goroutine that owns the partition, and it returns after
-// its reads have ended. The DB's cache is shared with the Partitions of
+// its reads have ended. The DB's cache is shared with the PartitionStates of
 // other goroutines and is safe for concurrent use.
-func (p *Partition) Prefetch(ids []filter.PageID) error {
+func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 	if p.closed || p.db.closed.Load() {
 		return fmt.Errorf("store: prefetching %d pages of %s: %w", len(ids), p.tp, ErrClosed)
 	}
@@ -96,11 +96,11 @@ func (p *Partition) Prefetch(ids []filter.PageID) error {
 }
 
 // PrefetchLimit is the most pages one Prefetch reads: half the page cache
-// shared equally by the open Partitions of the DB, so that the pages every
+// shared equally by the open PartitionStates of the DB, so that the pages every
 // partition prefetched for its next records fit in the cache together
 // with half of it to spare, and none is evicted before its Page call. At
 // least 1.
-func (p *Partition) PrefetchLimit() int {
+func (p *PartitionState) PrefetchLimit() int {
 	p.db.mu.Lock()
 	open := len(p.db.open)
 	p.db.mu.Unlock()
@@ -111,6 +111,6 @@ func (p *Partition) PrefetchLimit() int {
 // to read Badger since it was opened: Page calls that found the page
 // neither dirty nor cached, and pages Prefetch read. A caller that sees it
 // unchanged over a batch of records can skip prefetching the next one.
-func (p *Partition) CacheMisses() uint64 { return p.misses }
+func (p *PartitionState) CacheMisses() uint64 { return p.misses }
 
-var _ filter.Prefetcher = (*Partition)(nil)
+var _ filter.Prefetcher = (*PartitionState)(nil)

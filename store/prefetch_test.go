@@ -279,7 +279,7 @@ func TestPrefetchClosed(t *testing.T) {
 	}
 }
 
-// TestConcurrentPrefetch prefetches and reads from several Partitions of
+// TestConcurrentPrefetch prefetches and reads from several PartitionStates of
 // one DB at once over a small shared cache; run with -race.
 func TestConcurrentPrefetch(t *testing.T) {
 	const pb = 64

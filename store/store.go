@@ -49,7 +49,7 @@ var (
 	// ErrPartitionOpen is returned by Partition when the topic-partition
 	// already has an open Partition on this DB.
 	ErrPartitionOpen = errors.New("store: partition already open")
-	// ErrDirty is returned by Partition.Consolidate when the partition has
+	// ErrDirty is returned by PartitionState.Consolidate when the partition has
 	// uncommitted changes.
 	ErrDirty = errors.New("store: uncommitted changes")
 	// ErrBatchTooBig is returned by Commit when the write batch exceeds
@@ -121,7 +121,7 @@ type Options struct {
 	// CacheBytes/PageBytes pages (at least one), least recently used evicted
 	// first. Dirty pages are not counted: they are bounded by FlushBytes.
 	CacheBytes int64
-	// FlushBytes is the largest write batch, as Partition.DirtyBytes counts
+	// FlushBytes is the largest write batch, as PartitionState.DirtyBytes counts
 	// it, that one Badger transaction must hold (default 8 MiB); the caller
 	// commits once DirtyBytes exceeds it, so a batch holds up to FlushBytes
 	// plus one page. A page written whole counts PageBytes, one written as a
@@ -227,7 +227,7 @@ func MaxFlushBytes(pageBytes int) int64 {
 
 // batchLimits returns the largest Badger transaction, in Badger's own size
 // estimate and entry count, that a write batch of FlushBytes plus one page
-// (as Partition.DirtyBytes counts it) can produce for the longest topic
+// (as PartitionState.DirtyBytes counts it) can produce for the longest topic
 // name. DirtyBytes counts a delta entry whole and a whole page as
 // PageBytes, so the size adds, per page, a whole page's key, header and
 // Badger's per-entry bytes; it counts every entry as at least
@@ -585,7 +585,7 @@ func (db *DB) touch(key cacheKey, c *cachedPage) {
 	}
 }
 
-func (db *DB) Partition(topic string, partition int32) (*Partition, error) {
+func (db *DB) Partition(topic string, partition int32) (*PartitionState, error) {
 	tp := TopicPartition{Topic: topic, Partition: partition}
 	if len(topic) == 0 || len(topic) > maxTopicBytes {
 		return nil, fmt.Errorf("store: opening %s: %d bytes, want 1..%d: %w", tp, len(topic), maxTopicBytes, ErrInvalidTopic)
@@ -598,7 +598,7 @@ func (db *DB) Partition(topic string, partition int32) (*Partition, error) {
 	if _, ok := db.open[tp]; ok {
 		return nil, fmt.Errorf("store: opening %s: %w", tp, ErrPartitionOpen)
 	}
-	p := &Partition{
+	p := &PartitionState{
 		db:           db,
 		tp:           tp,
 		prefix:       partitionPrefix(topic, partition),

@@ -145,14 +145,14 @@ func (m *model) commit(meta []byte, cp Checkpoint) {
 
 // check compares p with m: every page of the universe, metadata,
 // checkpoint and DirtyBytes.
-func (m *model) check(t testing.TB, p *Partition, universe []filter.PageID) {
+func (m *model) check(t testing.TB, p *PartitionState, universe []filter.PageID) {
 	t.Helper()
 	if err := m.diff(p, universe); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func (m *model) checkMeta(t testing.TB, p *Partition) {
+func (m *model) checkMeta(t testing.TB, p *PartitionState) {
 	t.Helper()
 	if err := m.diff(p, nil); err != nil {
 		t.Fatal(err)
@@ -160,7 +160,7 @@ func (m *model) checkMeta(t testing.TB, p *Partition) {
 }
 
 // diff returns the first difference between p and m, nil if none.
-func (m *model) diff(p *Partition, universe []filter.PageID) error {
+func (m *model) diff(p *PartitionState, universe []filter.PageID) error {
 	for _, id := range universe {
 		got, err := p.Page(id)
 		if err != nil {
@@ -434,7 +434,7 @@ func TestLayoutVersion(t *testing.T) {
 
 // fullBatch dirties FlushBytes plus one page of the longest possible topic:
 // the largest write batch Options promise to hold.
-func fullBatch(t testing.TB, db *DB) *Partition {
+func fullBatch(t testing.TB, db *DB) *PartitionState {
 	t.Helper()
 	p := partitionT(t, db, strings.Repeat("t", maxTopicBytes), 0)
 	pb := int64(db.opts.PageBytes)
@@ -805,7 +805,7 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
-// TestConcurrentPartitions uses several Partitions of one DB from their own
+// TestConcurrentPartitions uses several PartitionStates of one DB from their own
 // goroutines over a small shared cache; run with -race.
 func TestConcurrentPartitions(t *testing.T) {
 	const pb = 64

@@ -393,11 +393,11 @@ func statePageBytes(db *store.DB) (int, error) {
 // openChain opens the filter of tp as of its last committed write batch;
 // the caller closes sp once done with chain. ok is false (and sp nil) when
 // tp has no committed state.
-func openChain(db *store.DB, tp store.TopicPartition) (sp *store.Partition, chain *filter.Chain, cp store.Checkpoint, meta filter.Meta, ok bool, err error) {
+func openChain(db *store.DB, tp store.TopicPartition) (sp *store.PartitionState, chain *filter.Chain, cp store.Checkpoint, meta filter.Meta, ok bool, err error) {
 	if sp, err = db.Partition(tp.Topic, tp.Partition); err != nil {
 		return nil, nil, cp, meta, false, err
 	}
-	fail := func(err error) (*store.Partition, *filter.Chain, store.Checkpoint, filter.Meta, bool, error) {
+	fail := func(err error) (*store.PartitionState, *filter.Chain, store.Checkpoint, filter.Meta, bool, error) {
 		sp.Close()
 		return nil, nil, cp, meta, false, err
 	}
