@@ -103,7 +103,7 @@ type Options struct {
 	// Dedup opens the deduplicator of each assigned topic-partition, from
 	// the group's callbacks, one partition at a time. The worker asks it,
 	// and the deduplicators it opens, which decisions forward
-	// (dedup.Partition.Forwards), where a rebuild may start
+	// (dedup.Deduplicator.Forwards), where a rebuild may start
 	// (dedup.Options.RebuildFrom: from the start of the dedup window when
 	// the state depends on it alone, else from the earliest retained
 	// offset) and how many records one transaction may hold: with

@@ -22,7 +22,7 @@ type partitionWorker struct {
 	cl        *kgo.Client // the group client it was assigned by
 	topic     string
 	partition int32
-	d         *dedup.Partition
+	d         *dedup.Deduplicator
 
 	in    chan []*kgo.Record
 	quit  chan struct{} // finish queued records, commit, exit
@@ -70,7 +70,7 @@ type partitionWorker struct {
 	rejected   []rejected
 }
 
-func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Partition) *partitionWorker {
+func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Deduplicator) *partitionWorker {
 	pw := &partitionWorker{
 		w: w, cl: cl, topic: topic, partition: p, d: d,
 		in:        make(chan []*kgo.Record, 4),

@@ -15,7 +15,7 @@ import "fmt"
 // not yet committed, staged (Options.Staged) or not: call it between write
 // batches of an idle partition. Errors are the store's (a failed write
 // batch: the partition must stop, as after a failed Commit).
-func (p *Partition) ConsolidateStep(maxBytes int64) (more bool, err error) {
+func (p *Deduplicator) ConsolidateStep(maxBytes int64) (more bool, err error) {
 	if p.state.DirtyBytes() > 0 || (p.overlay != nil && p.overlay.Modified() > 0) {
 		return false, nil
 	}

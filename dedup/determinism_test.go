@@ -90,7 +90,7 @@ func TestStateIsAFunctionOfInput(t *testing.T) {
 	}
 }
 
-func decideAll(t *testing.T, p *Partition, recs []*kgo.Record) {
+func decideAll(t *testing.T, p *Deduplicator, recs []*kgo.Record) {
 	t.Helper()
 	for _, r := range recs {
 		if _, err := p.Decide(r); err != nil {
@@ -101,7 +101,7 @@ func decideAll(t *testing.T, p *Partition, recs []*kgo.Record) {
 
 // snapshot returns the committed metadata and every page of the chain as
 // read back through the store.
-func snapshot(t *testing.T, p *Partition) ([]byte, map[filter.PageID][]byte) {
+func snapshot(t *testing.T, p *Deduplicator) ([]byte, map[filter.PageID][]byte) {
 	t.Helper()
 	meta := bytes.Clone(p.state.Meta())
 	pages := map[filter.PageID][]byte{}

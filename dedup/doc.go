@@ -31,7 +31,7 @@
 // may start (Options.RebuildFrom, with package filter's generation
 // arithmetic).
 //
-// Partition.Prefetch, called with each poll before its records are
+// Deduplicator.Prefetch, called with each poll before its records are
 // decided, reads the filter pages they need from the store concurrently
 // (store.PartitionState.Prefetch), so that a state larger than the page cache
 // costs a batch of concurrent reads per poll instead of a synchronous read

@@ -226,7 +226,7 @@ func TestOccurrenceLimitHotKey(t *testing.T) {
 func TestOccurrenceLimitChanged(t *testing.T) {
 	const topic, partition = "orders", 2
 	db := openDB(t, "", store.Options{})
-	reopen := func(limit int, off int64) (*Partition, *decider) {
+	reopen := func(limit int, off int64) (*Deduplicator, *decider) {
 		p := openPartition(t, db, topic, partition, Options{Filter: smallChain, MaxOccurrences: limit}, nil)
 		return p, &decider{t: t, p: p, off: off}
 	}

@@ -38,7 +38,7 @@ func openDB(t testing.TB, dir string, opts store.Options) *store.DB {
 }
 
 // openPartition opens topic/partition; the caller closes it.
-func openPartition(t testing.TB, db *store.DB, topic string, partition int32, opts Options, m *Metrics) *Partition {
+func openPartition(t testing.TB, db *store.DB, topic string, partition int32, opts Options, m *Metrics) *Deduplicator {
 	t.Helper()
 	p, err := Open(db, topic, partition, opts, m)
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 )
 
 // Metrics are the per-topic-partition decision counters and filter gauges.
-// Create one per process with NewMetrics and share it between Partitions;
+// Create one per process with NewMetrics and share it between Deduplicators;
 // safe for concurrent use.
 type Metrics struct {
 	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full *prometheus.CounterVec

@@ -6,12 +6,12 @@ import (
 	"github.com/kdedup/kdedup/store"
 )
 
-// Opener opens the Partitions of one process: every topic-partition of one
+// Opener opens the Deduplicators of one process: every topic-partition of one
 // store with the same Options. A consumer holds an Opener and asks it, and
-// the Partitions it opens, what the Options decide for all of them (which
+// the Deduplicators it opens, what the Options decide for all of them (which
 // decisions forward, whether changes are staged, the pages a record may
 // dirty, where a rebuild may start), instead of being handed copies of
-// those answers that could disagree with the Partitions it runs. Its
+// those answers that could disagree with the Deduplicators it runs. Its
 // Options are fixed at NewOpener. Safe for concurrent use as far as
 // store.DB.Partition is; each Partition it opens is owned by one
 // goroutine.
@@ -38,7 +38,7 @@ func NewOpener(db *store.DB, opts Options, m *Metrics) (*Opener, error) {
 }
 
 // Open opens the state of topic/partition (see Open).
-func (o *Opener) Open(topic string, partition int32) (*Partition, error) {
+func (o *Opener) Open(topic string, partition int32) (*Deduplicator, error) {
 	return Open(o.db, topic, partition, o.opts, o.m)
 }
 
@@ -47,11 +47,11 @@ func (o *Opener) Options() Options { return o.opts }
 
 // Forwards reports whether a record decided d goes to the output topic
 // under p's Options (Options.Forwards).
-func (p *Partition) Forwards(d Decision) bool { return p.opts.Forwards(d) }
+func (p *Deduplicator) Forwards(d Decision) bool { return p.opts.Forwards(d) }
 
 // MaxDirtyBytesPerRecord bounds the size of the write batch deciding one
 // record can add, in bytes: MaxDirtyPagesPerRecord pages of
-// Filter.PageBytes (after defaults), as Partition.DirtyBytes counts them.
+// Filter.PageBytes (after defaults), as Deduplicator.DirtyBytes counts them.
 // Static, so that a batch of records can be sized before any partition is
 // open.
 func (o Options) MaxDirtyBytesPerRecord() int64 {

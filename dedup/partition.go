@@ -52,7 +52,7 @@ func (d Decision) String() string {
 	return "decision(" + strconv.Itoa(int(d)) + ")"
 }
 
-// Options configure a Partition. The zero value deduplicates by record key
+// Options configure a Deduplicator. The zero value deduplicates by record key
 // with the default filter parameters and forwards tombstones.
 type Options struct {
 	// Key derives the dedup key (default: the record key).
@@ -129,9 +129,9 @@ func (o Options) Forwards(d Decision) bool {
 	return false
 }
 
-// Partition deduplicates one topic-partition. It is not safe for concurrent
+// Deduplicator deduplicates one topic-partition. It is not safe for concurrent
 // use: one goroutine owns it, which is what keeps decisions in offset order.
-type Partition struct {
+type Deduplicator struct {
 	topic      string
 	partition  int32
 	opts       Options
@@ -165,7 +165,7 @@ type tally struct {
 // It returns ErrOptions (wrapped) when opts are out of range.
 // m may be shared by every Partition of the process; nil means unregistered
 // metrics.
-func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics) (*Partition, error) {
+func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics) (*Deduplicator, error) {
 	if err := opts.validate(); err != nil {
 		return nil, fmt.Errorf("opening %s/%d: %w", topic, partition, err)
 	}
@@ -204,7 +204,7 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	p := &Partition{topic: topic, partition: partition, opts: opts, state: st, chain: chain, m: m.forPartition(topic, partition, chain.Params().TargetFPR),
+	p := &Deduplicator{topic: topic, partition: partition, opts: opts, state: st, chain: chain, m: m.forPartition(topic, partition, chain.Params().TargetFPR),
 		overlay: overlay, stableMeta: chain.MarshalMeta()}
 	p.m.observe(chain.Stats())
 	return p, nil
@@ -223,7 +223,7 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 // never lost and the partition never stops on one; kdedup_filter_near_full
 // warns a sub-filter before. A failed refresh of a dropped record's key
 // counts the same and leaves the key where it was.
-func (p *Partition) Decide(r *kgo.Record) (Decision, error) {
+func (p *Deduplicator) Decide(r *kgo.Record) (Decision, error) {
 	d, err := p.decide(r)
 	if err == nil {
 		p.count(d)
@@ -234,7 +234,7 @@ func (p *Partition) Decide(r *kgo.Record) (Decision, error) {
 // Replay applies record r to the filter exactly as Decide would, for a
 // record whose output another owner already produced: it counts as replayed,
 // not as consumed or forwarded.
-func (p *Partition) Replay(r *kgo.Record) error {
+func (p *Deduplicator) Replay(r *kgo.Record) error {
 	_, err := p.decide(r)
 	if err == nil {
 		p.tally.replayed++
@@ -243,7 +243,7 @@ func (p *Partition) Replay(r *kgo.Record) error {
 	return err
 }
 
-func (p *Partition) decide(r *kgo.Record) (Decision, error) {
+func (p *Deduplicator) decide(r *kgo.Record) (Decision, error) {
 	if p.ahead.recs != nil {
 		if err := p.readAheadOf(r); err != nil {
 			return Forward, p.wrap(r, err)
@@ -294,7 +294,7 @@ func (p *Partition) decide(r *kgo.Record) (Decision, error) {
 
 // refresh re-remembers the key of a dropped record when Options.Refresh is
 // set.
-func (p *Partition) refresh(r *kgo.Record, key []byte, ts int64) error {
+func (p *Deduplicator) refresh(r *kgo.Record, key []byte, ts int64) error {
 	if !p.opts.Refresh {
 		return nil
 	}
@@ -307,7 +307,7 @@ func (p *Partition) refresh(r *kgo.Record, key []byte, ts int64) error {
 // full absorbs filter.ErrFull, which left the filter as it was: the key is
 // not (re)remembered and the record counts in
 // kdedup_filter_full_records_total. Other errors are wrapped for Decide.
-func (p *Partition) full(r *kgo.Record, err error) error {
+func (p *Deduplicator) full(r *kgo.Record, err error) error {
 	if errors.Is(err, filter.ErrFull) {
 		p.tally.full++
 		return nil
@@ -321,7 +321,7 @@ func (p *Partition) full(r *kgo.Record, err error) error {
 // record a Forward whatever the limit. Copies of other keys sharing the
 // fingerprint and buckets go too: each lets one more record of that key
 // through later, it never drops one.
-func (p *Partition) deleteAll(key []byte) (int, error) {
+func (p *Deduplicator) deleteAll(key []byte) (int, error) {
 	// The slots of the key's two candidate buckets in every sub-filter of
 	// the longest chain (every live generation at its longest): each Delete
 	// that finds a copy empties one of them, so the loop ends before this
@@ -339,7 +339,7 @@ func (p *Partition) deleteAll(key []byte) (int, error) {
 	return n, nil
 }
 
-func (p *Partition) count(d Decision) {
+func (p *Deduplicator) count(d Decision) {
 	t := &p.tally
 	t.consumed++
 	switch d {
@@ -369,7 +369,7 @@ const publishEvery = 256
 // publish adds the tally to the metrics once it holds publishEvery
 // decisions, and always when force is set (Commit, Close). Staged decisions
 // are published only by CommitStaged (force).
-func (p *Partition) publish(force bool) {
+func (p *Deduplicator) publish(force bool) {
 	if !force && (p.opts.Staged || p.tally.consumed+p.tally.replayed < publishEvery) {
 		return
 	}
@@ -394,7 +394,7 @@ func (p *Partition) publish(force bool) {
 // DiscardStaged part of the partition's state (to be persisted by the next
 // Commit), after the Kafka transaction carrying their output committed.
 // Without Options.Staged it does nothing.
-func (p *Partition) CommitStaged() error {
+func (p *Deduplicator) CommitStaged() error {
 	if p.overlay == nil {
 		return nil
 	}
@@ -410,7 +410,7 @@ func (p *Partition) CommitStaged() error {
 // DiscardStaged drops the changes decided since the last CommitStaged or
 // DiscardStaged, after their Kafka transaction aborted: the filter is as it
 // was, and the input is consumed again from the committed offset.
-func (p *Partition) DiscardStaged() error {
+func (p *Deduplicator) DiscardStaged() error {
 	if p.overlay == nil {
 		return nil
 	}
@@ -426,9 +426,9 @@ func (p *Partition) DiscardStaged() error {
 }
 
 // LastKeyError returns why the most recent Unkeyed record had no key.
-func (p *Partition) LastKeyError() error { return p.lastKeyErr }
+func (p *Deduplicator) LastKeyError() error { return p.lastKeyErr }
 
-func (p *Partition) isDeleteMarker(r *kgo.Record) bool {
+func (p *Deduplicator) isDeleteMarker(r *kgo.Record) bool {
 	if p.opts.DeleteHeader == "" {
 		return false
 	}
@@ -440,7 +440,7 @@ func (p *Partition) isDeleteMarker(r *kgo.Record) bool {
 	return false
 }
 
-func (p *Partition) wrap(r *kgo.Record, err error) error {
+func (p *Deduplicator) wrap(r *kgo.Record, err error) error {
 	return fmt.Errorf("deciding %s/%d offset %d: %w", p.topic, p.partition, r.Offset, err)
 }
 
@@ -448,11 +448,11 @@ func (p *Partition) wrap(r *kgo.Record, err error) error {
 // Commit make (with Options.Staged: of the changes applied by
 // CommitStaged), as store.PartitionState.DirtyBytes counts it: at most a page per
 // page changed.
-func (p *Partition) DirtyBytes() int64 { return p.state.DirtyBytes() }
+func (p *Deduplicator) DirtyBytes() int64 { return p.state.DirtyBytes() }
 
 // StagedBytes is the size of the pages that staged decisions (Options.Staged)
 // changed and CommitStaged would add to DirtyBytes; 0 without Staged.
-func (p *Partition) StagedBytes() int64 {
+func (p *Deduplicator) StagedBytes() int64 {
 	if p.overlay == nil {
 		return 0
 	}
@@ -461,7 +461,7 @@ func (p *Partition) StagedBytes() int64 {
 
 // Checkpoint returns the committed checkpoint: the next input offset the
 // state reflects. ok is false when the partition has no committed state.
-func (p *Partition) Checkpoint() (cp store.Checkpoint, ok bool) { return p.state.Checkpoint() }
+func (p *Deduplicator) Checkpoint() (cp store.Checkpoint, ok bool) { return p.state.Checkpoint() }
 
 // MaxDirtyPagesPerRecord bounds the filter pages deciding one record
 // changes, for sizing a batch of records whose changes must fit in one
@@ -473,11 +473,11 @@ func (p *Partition) Checkpoint() (cp store.Checkpoint, ok bool) { return p.state
 // false-positive rate, can add a page; bounds with headroom absorb both.)
 // A chain that grows afterwards holds in its new sub-filters only copies
 // added after this call, whose pages their adds changed already.
-func (p *Partition) MaxDirtyPagesPerRecord() int { return p.opts.MaxDirtyPagesPerRecord() }
+func (p *Deduplicator) MaxDirtyPagesPerRecord() int { return p.opts.MaxDirtyPagesPerRecord() }
 
 // MaxDirtyPagesPerRecord bounds the filter pages deciding one record can
 // change under these options, whatever the state (see
-// Partition.MaxDirtyPagesPerRecord): MaxOccurrences, and at least 2 with
+// Deduplicator.MaxDirtyPagesPerRecord): MaxOccurrences, and at least 2 with
 // Refresh. Static, so that a batch can be sized before any partition is
 // open.
 func (o Options) MaxDirtyPagesPerRecord() int {
@@ -490,7 +490,7 @@ func (o Options) MaxDirtyPagesPerRecord() int {
 
 // Stats returns the filter's load, sub-filters and estimated false-positive
 // rate.
-func (p *Partition) Stats() filter.Stats { return p.chain.Stats() }
+func (p *Deduplicator) Stats() filter.Stats { return p.chain.Stats() }
 
 // Commit writes a write batch: every page changed since the last Commit, the
 // chain metadata and cp, in one Badger transaction. cp.Offset must be the
@@ -498,7 +498,7 @@ func (p *Partition) Stats() filter.Stats { return p.chain.Stats() }
 // record of a committed transaction; staged changes are not written). On
 // error nothing is applied and the partition must stop (its in-memory state
 // is ahead of what is durable).
-func (p *Partition) Commit(cp store.Checkpoint) error {
+func (p *Deduplicator) Commit(cp store.Checkpoint) error {
 	timer := prometheus.NewTimer(p.m.commitSeconds)
 	err := p.state.Commit(p.stable(), cp)
 	timer.ObserveDuration()
@@ -513,7 +513,7 @@ func (p *Partition) Commit(cp store.Checkpoint) error {
 }
 
 // stable is the chain metadata of what Commit may persist.
-func (p *Partition) stable() []byte {
+func (p *Deduplicator) stable() []byte {
 	if p.overlay != nil {
 		return p.stableMeta
 	}
@@ -523,7 +523,7 @@ func (p *Partition) stable() []byte {
 // Close releases the partition's in-memory state. Changes not committed are
 // discarded (the next owner replays from the checkpoint); use Commit first
 // to keep them.
-func (p *Partition) Close() {
+func (p *Deduplicator) Close() {
 	if !p.opts.Staged {
 		p.publish(true) // decisions that took effect, committed or not
 	}

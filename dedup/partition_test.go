@@ -246,11 +246,11 @@ func TestDecideAgainstExactModel(t *testing.T) {
 	}
 }
 
-// decider feeds records to a Partition at consecutive offsets and checks
+// decider feeds records to a Deduplicator at consecutive offsets and checks
 // each decision.
 type decider struct {
 	t   *testing.T
-	p   *Partition
+	p   *Deduplicator
 	off int64
 }
 
@@ -313,7 +313,7 @@ func TestCommitAndReopen(t *testing.T) {
 
 	// check decides every key against the committed state. Its own
 	// decisions are not committed, so every reopen sees the same state.
-	check := func(t *testing.T, p *Partition) {
+	check := func(t *testing.T, p *Deduplicator) {
 		if cp, ok := p.Checkpoint(); !ok || cp != committed {
 			t.Errorf("Checkpoint = %+v, %t; want %+v, true", cp, ok, committed)
 		}
@@ -460,7 +460,7 @@ func TestMetrics(t *testing.T) {
 			(&decider{t: t, p: p4}).expect(Forward, put, "a")
 			// Counters are published every 256 decisions and at each
 			// write batch.
-			for _, p := range []*Partition{p3, p4} {
+			for _, p := range []*Deduplicator{p3, p4} {
 				if err := p.Commit(store.Checkpoint{Offset: int64(len(seq))}); err != nil {
 					t.Fatal(err)
 				}

@@ -41,10 +41,10 @@ type readAhead struct {
 // included, read no page from Badger (store.PartitionState.CacheMisses did not
 // move): a state that fits in the page cache pays a counter comparison per
 // poll. The first poll after a cache miss prefetches again; the first
-// poll of a Partition always does.
+// poll of a Deduplicator always does.
 //
 // Errors are storage errors, as Decide's: the partition must stop.
-func (p *Partition) Prefetch(recs []*kgo.Record) error {
+func (p *Deduplicator) Prefetch(recs []*kgo.Record) error {
 	a := &p.ahead
 	a.recs, a.end = nil, 0
 	misses := p.state.CacheMisses()
@@ -64,7 +64,7 @@ func (p *Partition) Prefetch(recs []*kgo.Record) error {
 
 // readAheadOf prefetches the next part of the poll when r is at or past
 // its end.
-func (p *Partition) readAheadOf(r *kgo.Record) error {
+func (p *Deduplicator) readAheadOf(r *kgo.Record) error {
 	a := &p.ahead
 	if a.end >= len(a.recs) || r.Offset < a.recs[a.end].Offset {
 		return nil
@@ -78,7 +78,7 @@ func (p *Partition) readAheadOf(r *kgo.Record) error {
 
 // prefetchFrom prefetches the pages of the poll's records from index i on,
 // up to the store's limit, and moves the end of the read-ahead past them.
-func (p *Partition) prefetchFrom(i int) error {
+func (p *Deduplicator) prefetchFrom(i int) error {
 	a := &p.ahead
 	limit := p.state.PrefetchLimit()
 	ids := a.ids[:0]

@@ -122,7 +122,7 @@ func TestPrefetchChangesNothing(t *testing.T) {
 // committed, reopened so that none of its pages is cached, over a cache of
 // cachePages pages of 1 KiB, with room for many more keys in its one
 // sub-filter.
-func coldPartition(t *testing.T, n, cachePages int) (*store.DB, *Partition) {
+func coldPartition(t *testing.T, n, cachePages int) (*store.DB, *Deduplicator) {
 	t.Helper()
 	db := openDB(t, "", store.Options{PageBytes: 1024, CacheBytes: int64(cachePages) << 10, FlushBytes: 4 << 20})
 	opts := Options{Filter: filter.Params{Capacity: 200_000, PageBytes: 1024}, HashSeed: filter.Seed{K0: 3, K1: 4}}

@@ -29,7 +29,7 @@ import (
 	"github.com/kdedup/kdedup/store"
 )
 
-// The durable benchmarks run the real deduplicator (dedup.Partition) over a
+// The durable benchmarks run the real deduplicator (dedup.Deduplicator) over a
 // Badger store on disk. They are sized by environment variables, because
 // their point is a large state:
 //
@@ -74,7 +74,7 @@ func benchKey(dst []byte, i uint64) {
 // work every partition with changes commits.
 type rig struct {
 	db         *store.DB
-	parts      []*dedup.Partition
+	parts      []*dedup.Deduplicator
 	next       []int64 // next offset of each partition
 	flushed    []int64 // checkpoint offset of each partition's last write batch
 	interval   time.Duration
@@ -371,7 +371,7 @@ func (r atRest) report(b *testing.B, keys float64) {
 
 // BenchmarkDurable measures the durable cost per record: each op is one
 // record with a key never seen before (so every record inserts a
-// fingerprint and dirties a page) decided by dedup.Partition, as fast as
+// fingerprint and dirties a page) decided by dedup.Deduplicator, as fast as
 // the deduplicators take them, with write batches cut as the worker cuts
 // them at least once (every flush interval of work, or at FlushBytes,
 // default 8 MiB, per partition; the end of the run commits the rest). The
@@ -571,7 +571,7 @@ func BenchmarkDurableRate(b *testing.B) {
 // BenchmarkKeySetAtRest compares the space two stores need for the same
 // b.N keys (run it with -benchtime 10000000x for ten million):
 //
-//   - filter: the keys decided by dedup.Partition over KDEDUP_BENCH_PARTITIONS
+//   - filter: the keys decided by dedup.Deduplicator over KDEDUP_BENCH_PARTITIONS
 //     partitions with the default parameters (write batches every second
 //     or 8 MiB), then the store closed.
 //   - exact-badger: one Badger key per dedup key with an empty value,

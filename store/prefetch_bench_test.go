@@ -123,7 +123,7 @@ func BenchmarkPrefetchRate(b *testing.B) {
 // polls and cuts write batches as consumer.Worker does at least once.
 type pollFeeder struct {
 	db        *store.DB
-	parts     []*dedup.Partition
+	parts     []*dedup.Deduplicator
 	prefetch  bool
 	next      []int64
 	flushed   []int64

@@ -81,7 +81,7 @@ func testState() []*partitionState {
 	return []*partitionState{fixed, win}
 }
 
-// buildState decides states' records with the worker's own dedup.Partition
+// buildState decides states' records with the worker's own dedup.Deduplicator
 // in a data directory and commits them, as a stopped worker leaves it.
 func buildState(t *testing.T, states []*partitionState) string {
 	t.Helper()
