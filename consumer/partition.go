@@ -22,7 +22,7 @@ type partitionWorker struct {
 	cl        *kgo.Client // the group client it was assigned by
 	topic     string
 	partition int32
-	d         *dedup.Deduplicator
+	dedup     *dedup.Deduplicator
 
 	in    chan []*kgo.Record
 	quit  chan struct{} // finish queued records, commit, exit
@@ -72,7 +72,7 @@ type partitionWorker struct {
 
 func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Deduplicator) *partitionWorker {
 	pw := &partitionWorker{
-		w: w, cl: cl, topic: topic, partition: p, d: d,
+		w: w, cl: cl, topic: topic, partition: p, dedup: d,
 		in:        make(chan []*kgo.Record, 4),
 		quit:      make(chan struct{}),
 		abort:     make(chan struct{}),
@@ -103,7 +103,7 @@ func (pw *partitionWorker) setCheckpoint(cp store.Checkpoint) {
 // deduplicator's, and the caller fails the partition.
 func (pw *partitionWorker) commitTxn() error {
 	pw.stableNext, pw.stableDecided = pw.next, pw.decided
-	return pw.d.CommitStaged()
+	return pw.dedup.CommitStaged()
 }
 
 // abortTxn ends, for this partition, a transaction that was aborted or
@@ -114,7 +114,7 @@ func (pw *partitionWorker) commitTxn() error {
 func (pw *partitionWorker) abortTxn() error {
 	pw.next, pw.decided = pw.stableNext, pw.stableDecided
 	pw.nextOffset.Store(pw.next.Offset)
-	return pw.d.DiscardStaged()
+	return pw.dedup.DiscardStaged()
 }
 
 // groupBehind records that the group's committed offset, group, is behind
@@ -166,7 +166,7 @@ func (pw *partitionWorker) settle() {
 	if pw.failed.Load() || pw.next == pw.flushed {
 		return
 	}
-	if err := pw.d.Commit(pw.next); err != nil {
+	if err := pw.dedup.Commit(pw.next); err != nil {
 		pw.fail(err)
 		return
 	}
@@ -175,7 +175,7 @@ func (pw *partitionWorker) settle() {
 }
 
 func (pw *partitionWorker) close() {
-	pw.d.Close()
+	pw.dedup.Close()
 	close(pw.done)
 }
 
@@ -231,7 +231,7 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 		pw.lastActive = time.Now()
 	}
 	dups := pw.w.opts.DuplicatesTopic
-	if err := pw.d.Prefetch(recs); err != nil {
+	if err := pw.dedup.Prefetch(recs); err != nil {
 		pw.fail(err)
 		return
 	}
@@ -245,16 +245,16 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 			pw.decided++
 			continue
 		}
-		d, err := pw.d.Decide(r)
+		d, err := pw.dedup.Decide(r)
 		if err != nil {
 			pw.fail(err)
 			return
 		}
 		if d == dedup.Unkeyed {
-			pw.w.log.Debug("record cannot be keyed; forwarded unchanged", "topic", pw.topic, "partition", pw.partition, "offset", r.Offset, "reason", pw.d.LastKeyError())
+			pw.w.log.Debug("record cannot be keyed; forwarded unchanged", "topic", pw.topic, "partition", pw.partition, "offset", r.Offset, "reason", pw.dedup.LastKeyError())
 		}
 		sent := true
-		if pw.d.Forwards(d) {
+		if pw.dedup.Forwards(d) {
 			sent = pw.send(r, pw.output(r), produce)
 		} else if reason := dropReason(d); reason != "" && dups != "" {
 			sent = pw.send(r, pw.dropped(r, reason), produce)
@@ -264,7 +264,7 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 		}
 		pw.next = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
 		pw.decided++
-		if pw.w.opts.Delivery == AtLeastOnce && pw.d.DirtyBytes() >= pw.w.opts.FlushBytes {
+		if pw.w.opts.Delivery == AtLeastOnce && pw.dedup.DirtyBytes() >= pw.w.opts.FlushBytes {
 			pw.flush()
 			if pw.failed.Load() {
 				return
@@ -366,8 +366,8 @@ func (pw *partitionWorker) flush() {
 		pw.fail(err)
 		return
 	}
-	dirty := pw.d.DirtyBytes()
-	if err := pw.d.Commit(cp); err != nil {
+	dirty := pw.dedup.DirtyBytes()
+	if err := pw.dedup.Commit(cp); err != nil {
 		pw.fail(err)
 		return
 	}
@@ -406,7 +406,7 @@ func (pw *partitionWorker) consolidateIdle() {
 		return
 	}
 	pw.lastConsolidate = now
-	if _, err := pw.d.ConsolidateStep(pw.w.opts.FlushBytes / 2); err != nil {
+	if _, err := pw.dedup.ConsolidateStep(pw.w.opts.FlushBytes / 2); err != nil {
 		pw.fail(err)
 	}
 }

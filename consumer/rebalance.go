@@ -97,7 +97,7 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, starts *kadm.ListedOffsets, seen *groupOffsets, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
 	topic, p := pw.topic, pw.partition
 	group := o.EpochOffset().Offset // negative: no committed offset
-	cp, ok := pw.d.Checkpoint()
+	cp, ok := pw.dedup.Checkpoint()
 	from := int64(-1)
 	switch {
 	case ok && (group < 0 || cp.Offset >= group):

@@ -148,7 +148,7 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64) (
 				w.log.Warn("restore fetch error", "topic", pw.topic, "partition", pw.partition, "err", err)
 			}
 		})
-		rerr = pw.d.Prefetch(fetches.Records())
+		rerr = pw.dedup.Prefetch(fetches.Records())
 		fetches.EachRecord(func(r *kgo.Record) {
 			if done || rerr != nil || r.Offset < cp.Offset {
 				return
@@ -159,14 +159,14 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64) (
 				return
 			}
 			if !r.Attrs.IsControl() {
-				if rerr = pw.d.Replay(r); rerr != nil {
+				if rerr = pw.dedup.Replay(r); rerr != nil {
 					return
 				}
 				pw.decided++
 			}
 			cp = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
 			done = cp.Offset >= until
-			if !done && pw.d.DirtyBytes()+pw.d.StagedBytes() >= w.opts.FlushBytes/2 {
+			if !done && pw.dedup.DirtyBytes()+pw.dedup.StagedBytes() >= w.opts.FlushBytes/2 {
 				rerr = pw.commitReplay(cp) // a poll can dirty more pages than a write batch holds
 			}
 		})
@@ -205,11 +205,11 @@ func (pw *partitionWorker) commitReplay(cp store.Checkpoint) error {
 	if cp == pw.flushed {
 		return nil
 	}
-	if err := pw.d.CommitStaged(); err != nil { // exactly once, replayed changes are staged like decided ones
+	if err := pw.dedup.CommitStaged(); err != nil { // exactly once, replayed changes are staged like decided ones
 		return err
 	}
-	dirty := pw.d.DirtyBytes()
-	if err := pw.d.Commit(cp); err != nil {
+	dirty := pw.dedup.DirtyBytes()
+	if err := pw.dedup.Commit(cp); err != nil {
 		return err
 	}
 	pw.w.m.batches.Inc()

@@ -193,7 +193,7 @@ func (w *Worker) flushDue() {
 		if !pw.planned.Load() || pw.restoring.Load() {
 			continue // its restore goroutine owns (or may be about to own) the deduplicator
 		}
-		if time.Since(pw.lastFlush) >= w.opts.FlushInterval || pw.d.DirtyBytes() >= w.opts.FlushBytes/2 {
+		if time.Since(pw.lastFlush) >= w.opts.FlushInterval || pw.dedup.DirtyBytes() >= w.opts.FlushBytes/2 {
 			pw.flush()
 		}
 		pw.consolidateIdle()

@@ -53,7 +53,7 @@ func TestTxnEndRandomized(t *testing.T) {
 		for range 1 + rng.IntN(8) {
 			key := fmt.Sprint("k", rng.IntN(400))
 			r := &kgo.Record{Topic: "in", Key: []byte(key), Value: []byte("v"), Offset: offset, LeaderEpoch: 3}
-			got, err := pw.d.Decide(r)
+			got, err := pw.dedup.Decide(r)
 			if err != nil {
 				t.Fatal(err)
 			}
