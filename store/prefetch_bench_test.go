@@ -1,14 +1,9 @@
 package store_test
 
 import (
-	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +12,7 @@ import (
 
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/internal/benchenv"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -40,11 +36,11 @@ import (
 //	KDEDUP_BENCH_PREFETCH=0 go test -run '^$' -bench 'PrefetchRate' -benchtime 500000x -timeout 60m ./store
 //	KDEDUP_BENCH_PREFETCH=1 go test -run '^$' -bench 'PrefetchRate' -benchtime 500000x -timeout 60m ./store
 func BenchmarkPrefetchRate(b *testing.B) {
-	keys := prefetchEnv(b, "KDEDUP_BENCH_KEYS", 5_000_000)
-	partitions := prefetchEnv(b, "KDEDUP_BENCH_PARTITIONS", 4)
-	rate := prefetchEnv(b, "KDEDUP_BENCH_RATE", 50_000)
-	cacheMiB := prefetchEnv(b, "KDEDUP_BENCH_CACHE_MIB", 4)
-	prefetch := prefetchEnv(b, "KDEDUP_BENCH_PREFETCH", 1) != 0
+	keys := benchenv.Int(b, "KDEDUP_BENCH_KEYS", 5_000_000)
+	partitions := benchenv.Int(b, "KDEDUP_BENCH_PARTITIONS", 4)
+	rate := benchenv.Int(b, "KDEDUP_BENCH_RATE", 50_000)
+	cacheMiB := benchenv.Int(b, "KDEDUP_BENCH_CACHE_MIB", 4)
+	prefetch := benchenv.Int(b, "KDEDUP_BENCH_PREFETCH", 1) != 0
 
 	reg := prometheus.NewRegistry()
 	db, err := store.Open(store.Options{Dir: b.TempDir(), CacheBytes: int64(cacheMiB) << 20, Registerer: reg,
@@ -91,8 +87,8 @@ func BenchmarkPrefetchRate(b *testing.B) {
 		if rate == 0 {
 			slice = 10_000
 		}
-		reads0 := gathered(b, reg, "kdedup_store_page_reads_total")
-		cpu0, wall0 := cpuTime(b), time.Now()
+		reads0 := benchenv.Gathered(b, reg, "kdedup_store_page_reads_total")
+		cpu0, wall0 := benchenv.CPU(b), time.Now()
 		for sent := uint64(0); sent < uint64(b.N); {
 			if rate > 0 {
 				due := wall0.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
@@ -109,13 +105,13 @@ func BenchmarkPrefetchRate(b *testing.B) {
 		if err := f.commitAll(); err != nil {
 			b.Fatal(err)
 		}
-		cpu, wall := cpuTime(b)-cpu0, time.Since(wall0)
+		cpu, wall := benchenv.CPU(b)-cpu0, time.Since(wall0)
 		b.StopTimer()
 		fed += uint64(b.N)
 		n := float64(b.N)
 		b.ReportMetric(n/wall.Seconds(), "rec/s")
 		b.ReportMetric(float64(cpu)/1e3/n, "cpu-us/rec")
-		b.ReportMetric((gathered(b, reg, "kdedup_store_page_reads_total")-reads0)/n, "page-reads/rec")
+		b.ReportMetric((benchenv.Gathered(b, reg, "kdedup_store_page_reads_total")-reads0)/n, "page-reads/rec")
 	})
 }
 
@@ -140,12 +136,9 @@ func (f *pollFeeder) feed(from, to uint64) error {
 	}
 	for i := from; i < to; i++ {
 		p := i % n
-		var raw [8]byte
-		z := i + 0x9e3779b97f4a7c15 // splitmix64's finalizer: distinct keys
-		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-		z = (z ^ z>>27) * 0x94d049bb133111eb
-		binary.BigEndian.PutUint64(raw[:], z^z>>31)
-		r := &kgo.Record{Topic: "events", Partition: int32(p), Key: []byte(hex.EncodeToString(raw[:])), Value: []byte("v"), Offset: f.next[p]}
+		key := make([]byte, 16)
+		benchenv.Key(key, i)
+		r := &kgo.Record{Topic: "events", Partition: int32(p), Key: key, Value: []byte("v"), Offset: f.next[p]}
 		f.next[p]++
 		f.polls[p] = append(f.polls[p], r)
 	}
@@ -189,40 +182,4 @@ func (f *pollFeeder) commitAll() error {
 		}
 	}
 	return nil
-}
-
-func prefetchEnv(b *testing.B, name string, def int) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		b.Fatalf("%s=%q: want a non-negative integer", name, v)
-	}
-	return n
-}
-
-// gathered returns the value of counter name in reg.
-func gathered(b *testing.B, reg *prometheus.Registry, name string) float64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	b.Fatalf("no metric %s", name)
-	return 0
-}
-
-// cpuTime is the user and system CPU time of the process.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

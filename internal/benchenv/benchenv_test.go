@@ -1,0 +1,52 @@
+package benchenv
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func TestKeyIsABijectionOfTheCounter(t *testing.T) {
+	seen := map[string]uint64{}
+	var k [16]byte
+	for i := range uint64(100_000) {
+		Key(k[:], i)
+		raw, err := hex.DecodeString(string(k[:]))
+		if err != nil || len(raw) != 8 {
+			t.Fatalf("key %q of %d is not 16 hexadecimal characters", k, i)
+		}
+		if j, ok := seen[string(k[:])]; ok {
+			t.Fatalf("records %d and %d share key %q", j, i, k)
+		}
+		seen[string(k[:])] = i
+		if binary.BigEndian.Uint64(raw) == i {
+			t.Fatalf("key of %d is the counter itself", i)
+		}
+	}
+}
+
+func TestIntAndGathered(t *testing.T) {
+	t.Setenv("KDEDUP_BENCHENV_TEST", "42")
+	if got := Int(t, "KDEDUP_BENCHENV_TEST", 7); got != 42 {
+		t.Fatalf("Int = %d, want 42", got)
+	}
+	if got := Int(t, "KDEDUP_BENCHENV_UNSET", 7); got != 7 {
+		t.Fatalf("Int of an unset variable = %d, want the default 7", got)
+	}
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x_total", Help: "x"}, []string{"l"})
+	reg.MustRegister(c)
+	c.WithLabelValues("a").Add(2)
+	c.WithLabelValues("b").Add(3)
+	if got := Gathered(t, reg, "x_total"); got != 5 {
+		t.Fatalf("Gathered = %v, want 5", got)
+	}
+	if PeakRSS() == 0 {
+		t.Fatal("PeakRSS is 0")
+	}
+	if CPU(t) <= 0 {
+		t.Fatal("no CPU time used")
+	}
+}
