@@ -37,9 +37,6 @@ type pageLog struct {
 type cachedPage struct {
 	data []byte
 	log  pageLog
-	// epoch is the cache epoch in which the page was last moved to the
-	// front of the LRU (DB.touch); written by its Partition's goroutine.
-	epoch uint64
 }
 
 // dirtyPage is a page changed since the last write batch: its bytes, its

@@ -236,8 +236,7 @@ func (p *PartitionState) Page(id filter.PageID) ([]byte, error) {
 		return nil, fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, ErrClosed)
 	}
 	key := cacheKey{owner: p.owner, id: id}
-	if c, ok := p.db.cache.Peek(key); ok {
-		p.db.touch(key, c)
+	if c, ok := p.db.cache.Get(key); ok {
 		p.db.metrics.cacheHits.Inc()
 		p.last, p.lastID = c, id
 		return c.data, nil
@@ -248,7 +247,7 @@ func (p *PartitionState) Page(id filter.PageID) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.db.cacheAdd(key, c)
+	p.db.cache.Add(key, c)
 	p.last, p.lastID = c, id
 	return c.data, nil
 }
@@ -436,7 +435,7 @@ func (p *PartitionState) Commit(meta []byte, cp Checkpoint) error {
 		if d.log.oldest != 0 && lg.oldest == 0 {
 			p.obsolete = append(p.obsolete, obsoleteDeltas{id: id, from: d.log.oldest, to: lg.baseSeq})
 		}
-		p.db.cacheAdd(cacheKey{owner: p.owner, id: id}, &cachedPage{data: d.data, log: lg})
+		p.db.cache.Add(cacheKey{owner: p.owner, id: id}, &cachedPage{data: d.data, log: lg})
 		p.recycle(d)
 	}
 	clear(p.dirty)

@@ -89,7 +89,7 @@ func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 	wg.Wait()
 	for i, c := range pages {
 		if c != nil {
-			p.db.cacheAdd(cacheKey{owner: p.owner, id: want[i]}, c)
+			p.db.cache.Add(cacheKey{owner: p.owner, id: want[i]}, c)
 		}
 	}
 	return errors.Join(errs...)

@@ -279,10 +279,6 @@ type DB struct {
 	// owner number so that a closed Partition's pages are never seen again.
 	cache     *lru.Cache[cacheKey, *cachedPage]
 	nextOwner atomic.Uint64
-	// cacheAdds counts pages added to the cache; cacheEpochAdds of them
-	// make an epoch (DB.touch).
-	cacheAdds      atomic.Uint64
-	cacheEpochAdds uint64
 
 	// batchSize and batchCount are the transaction a full write batch needs.
 	batchSize, batchCount int64
@@ -352,13 +348,11 @@ func open(opts Options, tn tuning) (*DB, error) {
 	}
 	db.batchSize, db.batchCount = batchLimits(opts.PageBytes, opts.FlushBytes)
 	db.memTable = memTableBytes(db.batchSize)
-	capacity := db.cachePages()
-	cache, err := lru.New[cacheKey, *cachedPage](capacity)
+	cache, err := lru.New[cacheKey, *cachedPage](db.cachePages())
 	if err != nil {
 		return nil, fmt.Errorf("store: creating the page cache: %w", err)
 	}
 	db.cache = cache
-	db.cacheEpochAdds = uint64(max(capacity/cacheEpochsPerCapacity, 1))
 
 	bo := badgerOptions(opts, db.memTable)
 	if !opts.InMemory {
@@ -561,30 +555,6 @@ func (db *DB) Close() error {
 // starts empty. A topic-partition has at most one open Partition per DB
 // (ErrPartitionOpen otherwise): Close it before opening it again. The topic
 // must be 1 to 249 bytes (ErrInvalidTopic).
-// cacheEpochsPerCapacity is how many cache epochs pass while the cache adds
-// as many pages as it holds.
-const cacheEpochsPerCapacity = 8
-
-// cacheAdd adds c, a clean page just read or written, to the page cache, at
-// the front of its LRU.
-func (db *DB) cacheAdd(key cacheKey, c *cachedPage) {
-	c.epoch = db.cacheAdds.Add(1) / db.cacheEpochAdds
-	db.cache.Add(key, c)
-}
-
-// touch records a hit on c, the cached page of key. It moves c to the front
-// of the LRU only once per cache epoch (an eighth of the cache's capacity
-// in pages added): a page hit again within an epoch is among the most
-// recent already, and moving it on every hit (a write lock and a linked
-// list update per read) cost a quarter of a record's CPU with 20 million
-// keys held. Eviction is thus LRU at the granularity of an epoch.
-func (db *DB) touch(key cacheKey, c *cachedPage) {
-	if e := db.cacheAdds.Load() / db.cacheEpochAdds; c.epoch != e {
-		c.epoch = e
-		db.cache.Get(key)
-	}
-}
-
 func (db *DB) Partition(topic string, partition int32) (*PartitionState, error) {
 	tp := TopicPartition{Topic: topic, Partition: partition}
 	if len(topic) == 0 || len(topic) > maxTopicBytes {
