@@ -156,6 +156,8 @@ func (r *rig) commit(p int) error {
 	return nil
 }
 
+func (r *rig) batchCount() int { return r.batches }
+
 func (r *rig) commitAll() error {
 	r.lastFlush = time.Now()
 	for p := range r.parts {
@@ -474,8 +476,10 @@ func BenchmarkDurable(b *testing.B) {
 // 256 MiB; 15728640 puts the 60 MiB of pages of 20M keys at 4 times the
 // cache). b.N is the number of timed records: -benchtime 1000000x is 20 s
 // at 50,000/s.
-// The metrics are BenchmarkDurable's, plus rec/s, the rate achieved (below
-// KDEDUP_BENCH_RATE when the process cannot keep up).
+// The metrics are atRate's: BenchmarkDurable's, plus rec/s, the rate
+// achieved (below KDEDUP_BENCH_RATE when the process cannot keep up), and
+// preload-s, the time the preload took (flat out, untimed by the
+// benchmark).
 //
 //	KDEDUP_BENCH_KEYS=1000000 go test -run '^$' -bench 'DurableRate' -benchtime 1000000x -timeout 60m ./store
 func BenchmarkDurableRate(b *testing.B) {
@@ -498,44 +502,17 @@ func BenchmarkDurableRate(b *testing.B) {
 		}
 	}()
 	resetPeakRSS()
+	start := time.Now()
 	if err := r.feed(0, uint64(keys)); err != nil {
 		b.Fatal(err)
 	}
 	if err := r.commitAll(); err != nil {
 		b.Fatal(err)
 	}
+	preload := time.Since(start)
 	fed := uint64(keys)
 	b.Run(fmt.Sprintf("keys=%d/rate=%d", keys, rate), func(b *testing.B) {
-		slice := max(uint64(rate)/100, 1)
-		batches := r.batches
-		before := sample(b)
-		for sent := uint64(0); sent < uint64(b.N); {
-			due := before.wall.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
-			if d := time.Until(due); d > 0 {
-				time.Sleep(d)
-			}
-			n := min(slice, uint64(b.N)-sent)
-			if err := r.feed(fed+sent, fed+sent+n); err != nil {
-				b.Fatal(err)
-			}
-			sent += n
-		}
-		if err := r.commitAll(); err != nil {
-			b.Fatal(err)
-		}
-		after := sample(b)
-		b.StopTimer()
-		fed += uint64(b.N)
-		n := float64(b.N)
-		b.ReportMetric(n/after.wall.Sub(before.wall).Seconds(), "rec/s")
-		b.ReportMetric(float64(after.cpu-before.cpu)/1e3/n, "cpu-us/rec")
-		b.ReportMetric(float64(after.user-before.user)/n, "user-B/rec")
-		b.ReportMetric(float64(after.compaction-before.compaction)/n, "compact-B/rec")
-		if before.diskWrite >= 0 {
-			b.ReportMetric(float64(after.diskWrite-before.diskWrite)/n, "disk-B/rec")
-		}
-		b.ReportMetric(float64(r.batches-batches)/after.wall.Sub(before.wall).Seconds(), "batches/s")
-		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+		fed = atRate(b, r, fed, rate, preload)
 	})
 	if os.Getenv("KDEDUP_BENCH_AT_REST") == "" {
 		return
@@ -573,6 +550,57 @@ func BenchmarkDurableRate(b *testing.B) {
 	// A parent benchmark prints no metrics of its own, hence the log line.
 	b.Logf("at rest: %.0f keys, page-bits/key %.2f, rest-bits/key %.2f, consolidated-bits/key %.2f",
 		keys64, float64(pageBytes*8)/keys64, rest, consolidated)
+}
+
+// feeder is a store fed records as the worker feeds it: rig (kdedup) or
+// keySet (the exact key set).
+type feeder interface {
+	// feed decides records [from, to), committing as the store's write
+	// batches are due.
+	feed(from, to uint64) error
+	// commitAll commits every change fed so far.
+	commitAll() error
+	// batchCount is the number of write batches committed so far.
+	batchCount() int
+}
+
+// atRate feeds b.N records from record fed on at rate records per second,
+// in slices of a hundredth of a second, commits them, and reports the cost
+// per record (see BenchmarkDurable for the metrics) with rec/s, the rate
+// achieved, and preload-s, the preload's duration in seconds. It returns
+// the next record to feed.
+func atRate(b *testing.B, f feeder, fed uint64, rate int, preload time.Duration) uint64 {
+	slice := max(uint64(rate)/100, 1)
+	batches := f.batchCount()
+	before := sample(b)
+	for sent := uint64(0); sent < uint64(b.N); {
+		due := before.wall.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d)
+		}
+		n := min(slice, uint64(b.N)-sent)
+		if err := f.feed(fed+sent, fed+sent+n); err != nil {
+			b.Fatal(err)
+		}
+		sent += n
+	}
+	if err := f.commitAll(); err != nil {
+		b.Fatal(err)
+	}
+	after := sample(b)
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(n/after.wall.Sub(before.wall).Seconds(), "rec/s")
+	b.ReportMetric(float64(after.cpu-before.cpu)/1e3/n, "cpu-us/rec")
+	b.ReportMetric(float64(after.user-before.user)/n, "user-B/rec")
+	b.ReportMetric(float64(after.compaction-before.compaction)/n, "compact-B/rec")
+	if before.diskWrite >= 0 {
+		b.ReportMetric(float64(after.diskWrite-before.diskWrite)/n, "disk-B/rec")
+	}
+	b.ReportMetric(float64(f.batchCount()-batches)/after.wall.Sub(before.wall).Seconds(), "batches/s")
+	b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+	b.ReportMetric(preload.Seconds(), "preload-s")
+	return fed + uint64(b.N)
 }
 
 // BenchmarkKeySetAtRest compares the space two stores need for the same
