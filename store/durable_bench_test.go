@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -479,7 +480,8 @@ func BenchmarkDurable(b *testing.B) {
 // The metrics are atRate's: BenchmarkDurable's, plus rec/s, the rate
 // achieved (below KDEDUP_BENCH_RATE when the process cannot keep up), and
 // preload-s, the time the preload took (flat out, untimed by the
-// benchmark).
+// benchmark). KDEDUP_BENCH_CPUPROFILE=file profiles the timed records
+// alone.
 //
 //	KDEDUP_BENCH_KEYS=1000000 go test -run '^$' -bench 'DurableRate' -benchtime 1000000x -timeout 60m ./store
 func BenchmarkDurableRate(b *testing.B) {
@@ -568,10 +570,26 @@ type feeder interface {
 // in slices of a hundredth of a second, commits them, and reports the cost
 // per record (see BenchmarkDurable for the metrics) with rec/s, the rate
 // achieved, and preload-s, the preload's duration in seconds. It returns
-// the next record to feed.
+// the next record to feed. With KDEDUP_BENCH_CPUPROFILE set, it writes a
+// CPU profile of the timed records alone (not the preload) to that file.
 func atRate(b *testing.B, f feeder, fed uint64, rate int, preload time.Duration) uint64 {
 	slice := max(uint64(rate)/100, 1)
 	batches := f.batchCount()
+	if name := os.Getenv("KDEDUP_BENCH_CPUPROFILE"); name != "" {
+		prof, err := os.Create(name)
+		if err != nil {
+			b.Fatalf("creating the CPU profile: %v", err)
+		}
+		if err := pprof.StartCPUProfile(prof); err != nil {
+			b.Fatalf("starting the CPU profile: %v", err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if err := prof.Close(); err != nil {
+				b.Errorf("writing the CPU profile: %v", err)
+			}
+		}()
+	}
 	before := sample(b)
 	for sent := uint64(0); sent < uint64(b.N); {
 		due := before.wall.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
