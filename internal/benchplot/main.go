@@ -35,6 +35,7 @@ import (
 	"image/color"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"regexp"
 	"slices"
@@ -362,11 +363,21 @@ func scalePlot(r io.Reader, op string) (*plot.Plot, error) {
 		return nil, errors.New("no BenchmarkScale/keys=K/store=S/cache=CMiB results")
 	}
 	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
-	p.Y.Min = 0
 	p.Legend.Top, p.Legend.Left = true, true
 	var lines []any
+	top := 0.0
 	for _, n := range slices.Sorted(maps.Keys(series)) {
 		lines = append(lines, n, series[n])
+		for _, xy := range series[n] {
+			top = max(top, xy.Y)
+		}
+	}
+	// Room above the points for the legend, one line per series.
+	// Rounded up to half a power of ten, so that the default ticks label it.
+	p.Y.Min, p.Y.Max = 0, top*(1.1+0.06*float64(len(series)))
+	if p.Y.Max > 0 {
+		half := math.Pow(10, math.Floor(math.Log10(p.Y.Max))) / 2
+		p.Y.Max = math.Ceil(p.Y.Max/half) * half
 	}
 	if err := plotutil.AddLinePoints(p, lines...); err != nil {
 		return nil, err
