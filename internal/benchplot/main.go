@@ -20,7 +20,8 @@
 //     (its "BenchmarkScale/keys=K/store=S/cache=CMiB" result lines). With
 //     -op cpu, CPU µs per record against keys held; with -op bytes, bytes
 //     per record handed to Badger (user) and written to disk against keys
-//     held. The x axis is logarithmic; one series per store and cache size
+//     held. The x axis is logarithmic, and so is the y axis when the
+//     largest value is over 20 times the smallest; one series per store and cache size
 //     (and per kind of bytes); with -count above 1 each point is the median.
 package main
 
@@ -345,7 +346,7 @@ func scalePlot(r io.Reader, op string) (*plot.Plot, error) {
 			return nil, err
 		}
 		p.Title.Text = "CPU per record against keys held, at a fixed record rate"
-		p.Y.Label.Text = "CPU µs per record (user + system, whole process)"
+		p.Y.Label.Text = "CPU µs per record"
 	case "bytes":
 		for unit, suffix := range map[string]string{"user-B/rec": ": to Badger", "disk-B/rec": ": to disk"} {
 			s, err := scaleSeries(bytes.NewReader(data), unit, suffix)
@@ -365,19 +366,31 @@ func scalePlot(r io.Reader, op string) (*plot.Plot, error) {
 	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	p.Legend.Top, p.Legend.Left = true, true
 	var lines []any
-	top := 0.0
+	top, bottom := 0.0, math.Inf(1)
 	for _, n := range slices.Sorted(maps.Keys(series)) {
 		lines = append(lines, n, series[n])
 		for _, xy := range series[n] {
 			top = max(top, xy.Y)
+			if xy.Y > 0 {
+				bottom = min(bottom, xy.Y)
+			}
 		}
 	}
-	// Room above the points for the legend, one line per series.
-	// Rounded up to half a power of ten, so that the default ticks label it.
-	p.Y.Min, p.Y.Max = 0, top*(1.1+0.06*float64(len(series)))
-	if p.Y.Max > 0 {
-		half := math.Pow(10, math.Floor(math.Log10(p.Y.Max))) / 2
-		p.Y.Max = math.Ceil(p.Y.Max/half) * half
+	if top > 20*bottom {
+		// Points far apart (a state larger than the cache costs far more
+		// per record): a log axis keeps the small ones readable, with a
+		// decade or more above the points for the legend.
+		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		p.Y.Min = math.Pow(10, math.Floor(math.Log10(bottom)))
+		p.Y.Max = math.Pow(10, math.Ceil(math.Log10(top*2)))
+	} else {
+		// Room above the points for the legend, one line per series, rounded
+		// up to half a power of ten so that the default ticks label it.
+		p.Y.Min, p.Y.Max = 0, top*(1.1+0.06*float64(len(series)))
+		if p.Y.Max > 0 {
+			half := math.Pow(10, math.Floor(math.Log10(p.Y.Max))) / 2
+			p.Y.Max = math.Ceil(p.Y.Max/half) * half
+		}
 	}
 	if err := plotutil.AddLinePoints(p, lines...); err != nil {
 		return nil, err
