@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -85,11 +86,14 @@ type rig struct {
 	batches    int
 }
 
-func newRig(dir string, partitions, pageBytes int, interval time.Duration) (*rig, error) {
+// newRig opens a store in dir with a page cache of cacheBytes (0: the
+// store's default) and the deduplicators of partitions partitions.
+func newRig(dir string, partitions, pageBytes int, cacheBytes int64, interval time.Duration) (*rig, error) {
 	db, err := store.Open(store.Options{
-		Dir:       dir,
-		PageBytes: pageBytes,
-		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Dir:        dir,
+		PageBytes:  pageBytes,
+		CacheBytes: cacheBytes,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		return nil, err
@@ -152,6 +156,8 @@ func (r *rig) commit(p int) error {
 	r.batches++
 	return nil
 }
+
+func (r *rig) batchCount() int { return r.batches }
 
 func (r *rig) commitAll() error {
 	r.lastFlush = time.Now()
@@ -411,7 +417,7 @@ func BenchmarkDurable(b *testing.B) {
 	}
 	for _, c := range configs {
 		b.Run(fmt.Sprintf("page=%d/flush=%s", c.pageBytes, c.interval), func(b *testing.B) {
-			r, err := newRig(b.TempDir(), partitions, c.pageBytes, c.interval)
+			r, err := newRig(b.TempDir(), partitions, c.pageBytes, 0, c.interval)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -466,18 +472,25 @@ func BenchmarkDurable(b *testing.B) {
 // KDEDUP_BENCH_RATE per second in total (default 50,000), in slices of a
 // hundredth of a second, so that a flush interval holds a realistic number
 // of records for the pages of KDEDUP_BENCH_KEYS keys held (default
-// 1,000,000, over KDEDUP_BENCH_PARTITIONS partitions, default 4). b.N is
-// the number of timed records: -benchtime 1000000x is 20 s at 50,000/s.
-// The metrics are BenchmarkDurable's, plus rec/s, the rate achieved (below
-// KDEDUP_BENCH_RATE when the process cannot keep up).
+// 1,000,000, over KDEDUP_BENCH_PARTITIONS partitions, default 4), with a
+// page cache of KDEDUP_BENCH_CACHE bytes (default store.DefaultCacheBytes,
+// 256 MiB; 15728640 puts the 60 MiB of pages of 20M keys at 4 times the
+// cache). b.N is the number of timed records: -benchtime 1000000x is 20 s
+// at 50,000/s.
+// The metrics are atRate's: BenchmarkDurable's, plus rec/s, the rate
+// achieved (below KDEDUP_BENCH_RATE when the process cannot keep up), and
+// preload-s, the time the preload took (flat out, untimed by the
+// benchmark). KDEDUP_BENCH_CPUPROFILE=file profiles the timed records
+// alone.
 //
 //	KDEDUP_BENCH_KEYS=1000000 go test -run '^$' -bench 'DurableRate' -benchtime 1000000x -timeout 60m ./store
 func BenchmarkDurableRate(b *testing.B) {
 	keys := benchEnvInt(b, "KDEDUP_BENCH_KEYS", 1_000_000)
 	partitions := benchEnvInt(b, "KDEDUP_BENCH_PARTITIONS", 4)
 	rate := benchEnvInt(b, "KDEDUP_BENCH_RATE", 50_000)
+	cache := benchEnvInt(b, "KDEDUP_BENCH_CACHE", store.DefaultCacheBytes)
 	dir := b.TempDir()
-	r, err := newRig(dir, partitions, 4096, time.Second)
+	r, err := newRig(dir, partitions, 4096, int64(cache), time.Second)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -491,44 +504,17 @@ func BenchmarkDurableRate(b *testing.B) {
 		}
 	}()
 	resetPeakRSS()
+	start := time.Now()
 	if err := r.feed(0, uint64(keys)); err != nil {
 		b.Fatal(err)
 	}
 	if err := r.commitAll(); err != nil {
 		b.Fatal(err)
 	}
+	preload := time.Since(start)
 	fed := uint64(keys)
 	b.Run(fmt.Sprintf("keys=%d/rate=%d", keys, rate), func(b *testing.B) {
-		slice := max(uint64(rate)/100, 1)
-		batches := r.batches
-		before := sample(b)
-		for sent := uint64(0); sent < uint64(b.N); {
-			due := before.wall.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
-			if d := time.Until(due); d > 0 {
-				time.Sleep(d)
-			}
-			n := min(slice, uint64(b.N)-sent)
-			if err := r.feed(fed+sent, fed+sent+n); err != nil {
-				b.Fatal(err)
-			}
-			sent += n
-		}
-		if err := r.commitAll(); err != nil {
-			b.Fatal(err)
-		}
-		after := sample(b)
-		b.StopTimer()
-		fed += uint64(b.N)
-		n := float64(b.N)
-		b.ReportMetric(n/after.wall.Sub(before.wall).Seconds(), "rec/s")
-		b.ReportMetric(float64(after.cpu-before.cpu)/1e3/n, "cpu-us/rec")
-		b.ReportMetric(float64(after.user-before.user)/n, "user-B/rec")
-		b.ReportMetric(float64(after.compaction-before.compaction)/n, "compact-B/rec")
-		if before.diskWrite >= 0 {
-			b.ReportMetric(float64(after.diskWrite-before.diskWrite)/n, "disk-B/rec")
-		}
-		b.ReportMetric(float64(r.batches-batches)/after.wall.Sub(before.wall).Seconds(), "batches/s")
-		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+		fed = atRate(b, r, fed, rate, preload)
 	})
 	if os.Getenv("KDEDUP_BENCH_AT_REST") == "" {
 		return
@@ -568,6 +554,73 @@ func BenchmarkDurableRate(b *testing.B) {
 		keys64, float64(pageBytes*8)/keys64, rest, consolidated)
 }
 
+// feeder is a store fed records as the worker feeds it: rig (kdedup) or
+// keySet (the exact key set).
+type feeder interface {
+	// feed decides records [from, to), committing as the store's write
+	// batches are due.
+	feed(from, to uint64) error
+	// commitAll commits every change fed so far.
+	commitAll() error
+	// batchCount is the number of write batches committed so far.
+	batchCount() int
+}
+
+// atRate feeds b.N records from record fed on at rate records per second,
+// in slices of a hundredth of a second, commits them, and reports the cost
+// per record (see BenchmarkDurable for the metrics) with rec/s, the rate
+// achieved, and preload-s, the preload's duration in seconds. It returns
+// the next record to feed. With KDEDUP_BENCH_CPUPROFILE set, it writes a
+// CPU profile of the timed records alone (not the preload) to that file.
+func atRate(b *testing.B, f feeder, fed uint64, rate int, preload time.Duration) uint64 {
+	slice := max(uint64(rate)/100, 1)
+	batches := f.batchCount()
+	if name := os.Getenv("KDEDUP_BENCH_CPUPROFILE"); name != "" {
+		prof, err := os.Create(name)
+		if err != nil {
+			b.Fatalf("creating the CPU profile: %v", err)
+		}
+		if err := pprof.StartCPUProfile(prof); err != nil {
+			b.Fatalf("starting the CPU profile: %v", err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if err := prof.Close(); err != nil {
+				b.Errorf("writing the CPU profile: %v", err)
+			}
+		}()
+	}
+	before := sample(b)
+	for sent := uint64(0); sent < uint64(b.N); {
+		due := before.wall.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d)
+		}
+		n := min(slice, uint64(b.N)-sent)
+		if err := f.feed(fed+sent, fed+sent+n); err != nil {
+			b.Fatal(err)
+		}
+		sent += n
+	}
+	if err := f.commitAll(); err != nil {
+		b.Fatal(err)
+	}
+	after := sample(b)
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(n/after.wall.Sub(before.wall).Seconds(), "rec/s")
+	b.ReportMetric(float64(after.cpu-before.cpu)/1e3/n, "cpu-us/rec")
+	b.ReportMetric(float64(after.user-before.user)/n, "user-B/rec")
+	b.ReportMetric(float64(after.compaction-before.compaction)/n, "compact-B/rec")
+	if before.diskWrite >= 0 {
+		b.ReportMetric(float64(after.diskWrite-before.diskWrite)/n, "disk-B/rec")
+	}
+	b.ReportMetric(float64(f.batchCount()-batches)/after.wall.Sub(before.wall).Seconds(), "batches/s")
+	b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+	b.ReportMetric(preload.Seconds(), "preload-s")
+	return fed + uint64(b.N)
+}
+
 // BenchmarkKeySetAtRest compares the space two stores need for the same
 // b.N keys (run it with -benchtime 10000000x for ten million):
 //
@@ -593,7 +646,7 @@ func BenchmarkKeySetAtRest(b *testing.B) {
 	partitions := benchEnvInt(b, "KDEDUP_BENCH_PARTITIONS", 16)
 	b.Run("filter", func(b *testing.B) {
 		dir := b.TempDir()
-		r, err := newRig(dir, partitions, 0, time.Second)
+		r, err := newRig(dir, partitions, 0, 0, time.Second)
 		if err != nil {
 			b.Fatal(err)
 		}

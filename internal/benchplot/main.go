@@ -5,6 +5,8 @@
 //	go run ./internal/benchplot -kind load -op contains -in docs/bench/peers.txt -out docs/bench/contains-load.png
 //	go run ./internal/benchplot -kind load -op insert -in docs/bench/peers.txt -out docs/bench/insert-load.png
 //	go run ./internal/benchplot -kind throughput -in docs/bench/bench.txt -out docs/bench/throughput.png
+//	go run ./internal/benchplot -kind scale -op cpu -in docs/bench/scale.txt -out docs/bench/scale-cpu.png
+//	go run ./internal/benchplot -kind scale -op bytes -in docs/bench/scale.txt -out docs/bench/scale-bytes.png
 //
 // Inputs:
 //   - fpr: the CSV written by the filter's TestGrowthFPRData (columns
@@ -14,16 +16,27 @@
 //   - throughput: `kdedup bench` output (its "round N: name: ... records/s"
 //     lines and the "steady state" line after each); each bar is the median
 //     over rounds.
+//   - scale: `go test -bench Scale` output of store/scale_bench_test.go
+//     (its "BenchmarkScale/keys=K/store=S/cache=CMiB" result lines). With
+//     -op cpu, CPU µs per record against keys held; with -op bytes, bytes
+//     per record handed to Badger (user) and written to disk against keys
+//     held. The x axis is logarithmic, and so is the y axis when the
+//     largest value is over 20 times the smallest; one series per store and cache size
+//     (and per kind of bytes); with -count above 1 each point is the median.
 package main
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"encoding/csv"
 	"errors"
 	"flag"
 	"fmt"
 	"image/color"
 	"io"
+	"maps"
+	"math"
 	"os"
 	"regexp"
 	"slices"
@@ -47,8 +60,8 @@ func main() {
 func run(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("benchplot", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	kind := fs.String("kind", "", "fpr, load or throughput")
-	op := fs.String("op", "contains", "with -kind load: contains, insert or insert+delete")
+	kind := fs.String("kind", "", "fpr, load, throughput or scale")
+	op := fs.String("op", "", "with -kind load: contains (default), insert or insert+delete; with -kind scale: cpu (default) or bytes")
 	in := fs.String("in", "", "input file")
 	out := fs.String("out", "", "output PNG file")
 	title := fs.String("title", "", "plot title (default: one per kind)")
@@ -68,11 +81,13 @@ func run(args []string, stderr io.Writer) error {
 	case "fpr":
 		p, err = fprPlot(f)
 	case "load":
-		p, err = loadPlot(f, *op)
+		p, err = loadPlot(f, cmp.Or(*op, "contains"))
 	case "throughput":
 		p, err = throughputPlot(f)
+	case "scale":
+		p, err = scalePlot(f, cmp.Or(*op, "cpu"))
 	default:
-		return fmt.Errorf("-kind %q: want fpr, load or throughput", *kind)
+		return fmt.Errorf("-kind %q: want fpr, load, throughput or scale", *kind)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", *in, err)
@@ -278,6 +293,109 @@ func throughputPlot(r io.Reader) (*plot.Plot, error) {
 	p.NominalX(order...)
 	p.X.Min, p.X.Max = -0.7, float64(len(order))-0.3 // room for the outer bars
 	p.Y.Max = slices.Max(vals) * 1.15
+	return p, nil
+}
+
+var scaleName = regexp.MustCompile(`^BenchmarkScale/keys=(\d+)/store=(\w+)/cache=(\d+)MiB$`)
+
+// scaleStoreNames are the legend names of BenchmarkScale's stores.
+var scaleStoreNames = map[string]string{"kdedup": "kdedup", "keyset": "exact key set"}
+
+// scaleSeries returns, for each store and cache size of BenchmarkScale
+// output, the median of unit at each number of keys held, sorted by keys;
+// series are named "<store>, <cache> MiB cache", with suffix after it.
+func scaleSeries(r io.Reader, unit, suffix string) (map[string]plotter.XYs, error) {
+	res, err := benchResults(r, unit)
+	if err != nil {
+		return nil, err
+	}
+	series := map[string]plotter.XYs{}
+	for name, vs := range res {
+		m := scaleName.FindStringSubmatch(name)
+		if m == nil {
+			continue
+		}
+		keys, _ := strconv.ParseFloat(m[1], 64)
+		store := cmp.Or(scaleStoreNames[m[2]], m[2])
+		cache := "page"
+		if m[2] == "keyset" {
+			cache = "block"
+		}
+		s := fmt.Sprintf("%s, %s MiB %s cache%s", store, m[3], cache, suffix)
+		series[s] = append(series[s], plotter.XY{X: keys, Y: median(vs)})
+	}
+	for _, xys := range series {
+		sort.Slice(xys, func(i, j int) bool { return xys[i].X < xys[j].X })
+	}
+	return series, nil
+}
+
+// scalePlot draws BenchmarkScale's cost per record against keys held: CPU
+// µs (op cpu) or bytes handed to Badger and written to disk (op bytes).
+func scalePlot(r io.Reader, op string) (*plot.Plot, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	series := map[string]plotter.XYs{}
+	p := plot.New()
+	p.X.Label.Text = "keys held"
+	switch op {
+	case "cpu":
+		if series, err = scaleSeries(bytes.NewReader(data), "cpu-us/rec", ""); err != nil {
+			return nil, err
+		}
+		p.Title.Text = "CPU per record against keys held, at a fixed record rate"
+		p.Y.Label.Text = "CPU µs per record"
+	case "bytes":
+		for unit, suffix := range map[string]string{"user-B/rec": ": to Badger", "disk-B/rec": ": to disk"} {
+			s, err := scaleSeries(bytes.NewReader(data), unit, suffix)
+			if err != nil {
+				return nil, err
+			}
+			maps.Copy(series, s)
+		}
+		p.Title.Text = "Bytes per record against keys held, at a fixed record rate"
+		p.Y.Label.Text = "bytes per record"
+	default:
+		return nil, fmt.Errorf("-op %q: want cpu or bytes", op)
+	}
+	if len(series) == 0 {
+		return nil, errors.New("no BenchmarkScale/keys=K/store=S/cache=CMiB results")
+	}
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left = true, true
+	var lines []any
+	top, bottom := 0.0, math.Inf(1)
+	for _, n := range slices.Sorted(maps.Keys(series)) {
+		lines = append(lines, n, series[n])
+		for _, xy := range series[n] {
+			top = max(top, xy.Y)
+			if xy.Y > 0 {
+				bottom = min(bottom, xy.Y)
+			}
+		}
+	}
+	if top > 20*bottom {
+		// Points far apart (a state larger than the cache costs far more
+		// per record): a log axis keeps the small ones readable, with a
+		// decade or more above the points for the legend.
+		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		p.Y.Min = math.Pow(10, math.Floor(math.Log10(bottom)))
+		p.Y.Max = math.Pow(10, math.Ceil(math.Log10(top*2)))
+	} else {
+		// Room above the points for the legend, one line per series, rounded
+		// up to half a power of ten so that the default ticks label it.
+		p.Y.Min, p.Y.Max = 0, top*(1.1+0.06*float64(len(series)))
+		if p.Y.Max > 0 {
+			half := math.Pow(10, math.Floor(math.Log10(p.Y.Max))) / 2
+			p.Y.Max = math.Ceil(p.Y.Max/half) * half
+		}
+	}
+	if err := plotutil.AddLinePoints(p, lines...); err != nil {
+		return nil, err
+	}
+	p.Add(plotter.NewGrid())
 	return p, nil
 }
 

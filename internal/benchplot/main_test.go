@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"gonum.org/v1/plot/plotter"
+)
+
+// scaleOutput is BenchmarkScale output: two points of kdedup at the default
+// cache, one of them run twice (-count 2), one at a smaller cache, one of
+// the key set, the logged line of a point's own benchmark (not a result
+// line) and a line of another benchmark.
+const scaleOutput = `goos: linux
+BenchmarkScale/keys=1000000/store=kdedup/cache=256MiB-2         	       1	         1.5 cpu-us/rec	        20 disk-B/rec	        10 user-B/rec
+--- BENCH: BenchmarkScale/keys=1000000/store=kdedup/cache=256MiB-2
+    scale_bench_test.go:95: BenchmarkDurableRate/keys=1000000/rate=50000-2         	   20000	     19847 ns/op	        99 cpu-us/rec
+BenchmarkScale/keys=20000000/store=kdedup/cache=256MiB-2        	       1	         2.5 cpu-us/rec	        40 disk-B/rec	        12 user-B/rec
+BenchmarkScale/keys=20000000/store=kdedup/cache=256MiB-2        	       1	         3.5 cpu-us/rec	        60 disk-B/rec	        14 user-B/rec
+BenchmarkScale/keys=20000000/store=kdedup/cache=15MiB-2         	       1	         7 cpu-us/rec	        80 disk-B/rec	        16 user-B/rec
+BenchmarkScale/keys=1000000/store=keyset/cache=256MiB-2         	       1	         9 cpu-us/rec	        38 disk-B/rec	        31 user-B/rec
+BenchmarkDurableRate/keys=1000000/rate=50000-2         	   20000	     19847 ns/op	        98 cpu-us/rec
+PASS
+`
+
+func TestScaleSeries(t *testing.T) {
+	for _, tc := range []struct {
+		unit, suffix string
+		want         map[string]plotter.XYs
+	}{
+		{"cpu-us/rec", "", map[string]plotter.XYs{
+			"kdedup, 256 MiB page cache":         {{X: 1e6, Y: 1.5}, {X: 2e7, Y: 3}},
+			"kdedup, 15 MiB page cache":          {{X: 2e7, Y: 7}},
+			"exact key set, 256 MiB block cache": {{X: 1e6, Y: 9}},
+		}},
+		{"disk-B/rec", ": to disk", map[string]plotter.XYs{
+			"kdedup, 256 MiB page cache: to disk":         {{X: 1e6, Y: 20}, {X: 2e7, Y: 50}},
+			"kdedup, 15 MiB page cache: to disk":          {{X: 2e7, Y: 80}},
+			"exact key set, 256 MiB block cache: to disk": {{X: 1e6, Y: 38}},
+		}},
+	} {
+		t.Run(tc.unit, func(t *testing.T) {
+			got, err := scaleSeries(strings.NewReader(scaleOutput), tc.unit, tc.suffix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestScalePlot draws both scale plots from the output above and refuses
+// an unknown -op and output without BenchmarkScale results.
+func TestScalePlot(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "scale.txt")
+	if err := os.WriteFile(in, []byte(scaleOutput), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []string{"cpu", "bytes"} {
+		out := filepath.Join(dir, op+".png")
+		if err := run([]string{"-kind", "scale", "-op", op, "-in", in, "-out", out}, io.Discard); err != nil {
+			t.Fatalf("-op %s: %v", op, err)
+		}
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(data, []byte("\x89PNG")) {
+			t.Errorf("-op %s: %s is not a PNG", op, out)
+		}
+	}
+	if err := run([]string{"-kind", "scale", "-op", "rss", "-in", in, "-out", filepath.Join(dir, "x.png")}, io.Discard); err == nil {
+		t.Error("-op rss: no error")
+	}
+	empty := filepath.Join(dir, "empty.txt")
+	if err := os.WriteFile(empty, []byte("PASS\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run([]string{"-kind", "scale", "-in", empty, "-out", filepath.Join(dir, "y.png")}, io.Discard); err == nil {
+		t.Error("no BenchmarkScale results: no error")
+	}
+}
