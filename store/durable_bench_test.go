@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"expvar"
 	"fmt"
@@ -27,6 +25,7 @@ import (
 
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/internal/benchenv"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -44,30 +43,6 @@ import (
 //
 //	go test -run '^$' -bench 'Durable' -benchtime 5000000x -timeout 60m ./store
 //	go test -run '^$' -bench 'KeySetAtRest' -benchtime 10000000x -timeout 60m ./store
-
-func benchEnvInt(b *testing.B, name string, def int) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		b.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
-}
-
-// benchKey writes the key of record i into dst (16 bytes).
-func benchKey(dst []byte, i uint64) {
-	// splitmix64's finalizer: a bijection, so distinct i give distinct keys.
-	z := i + 0x9e3779b97f4a7c15
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	z ^= z >> 31
-	var raw [8]byte
-	binary.BigEndian.PutUint64(raw[:], z)
-	hex.Encode(dst, raw[:])
-}
 
 // rig feeds records to the deduplicators of several partitions of one store
 // and cuts write batches as consumer.Worker does at least once: a partition
@@ -122,7 +97,7 @@ func (r *rig) feed(from, to uint64) error {
 	n := uint64(len(r.parts))
 	for i := from; i < to; i++ {
 		p := i % n
-		benchKey(r.key[:], i)
+		benchenv.Key(r.key[:], i)
 		r.rec.Key = r.key[:]
 		r.rec.Partition = int32(p)
 		r.rec.Offset = r.next[p]
@@ -247,28 +222,6 @@ func procIO(b *testing.B, field string) int64 {
 	}
 	return -1
 }
-
-// peakRSS returns VmHWM from /proc/self/status in bytes (-1 if unknown).
-func peakRSS() int64 {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return -1
-	}
-	for line := range strings.Lines(string(data)) {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				return -1
-			}
-			return kb << 10
-		}
-	}
-	return -1
-}
-
-// resetPeakRSS resets VmHWM to the current resident set (Linux 4.0 and
-// later; elsewhere peakRSS keeps the process's peak).
-func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
 
 // diskBytes returns the space allocated to the files under dir (as du
 // counts it: Badger preallocates sparse files).
@@ -403,8 +356,8 @@ func (r atRest) report(b *testing.B, keys float64) {
 // Run with a fixed count, e.g. -benchtime 5000000x: the metrics are deltas
 // over the run, and short runs cover few flush intervals.
 func BenchmarkDurable(b *testing.B) {
-	keys := benchEnvInt(b, "KDEDUP_BENCH_KEYS", 10_000_000)
-	partitions := benchEnvInt(b, "KDEDUP_BENCH_PARTITIONS", 16)
+	keys := benchenv.Int(b, "KDEDUP_BENCH_KEYS", 10_000_000)
+	partitions := benchenv.Int(b, "KDEDUP_BENCH_PARTITIONS", 16)
 	configs := []struct {
 		pageBytes int
 		interval  time.Duration
@@ -426,7 +379,7 @@ func BenchmarkDurable(b *testing.B) {
 					b.Error(err)
 				}
 			}()
-			resetPeakRSS()
+			benchenv.ResetPeakRSS()
 			if err := r.feed(0, uint64(keys)); err != nil {
 				b.Fatal(err)
 			}
@@ -460,7 +413,7 @@ func BenchmarkDurable(b *testing.B) {
 				items, slots, _ := r.stats()
 				b.ReportMetric(loadStart, "load-start")
 				b.ReportMetric(float64(items)/float64(slots), "load-end")
-				b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+				b.ReportMetric(float64(benchenv.PeakRSS())/(1<<20), "peak-RSS-MiB")
 			})
 		})
 	}
@@ -485,10 +438,10 @@ func BenchmarkDurable(b *testing.B) {
 //
 //	KDEDUP_BENCH_KEYS=1000000 go test -run '^$' -bench 'DurableRate' -benchtime 1000000x -timeout 60m ./store
 func BenchmarkDurableRate(b *testing.B) {
-	keys := benchEnvInt(b, "KDEDUP_BENCH_KEYS", 1_000_000)
-	partitions := benchEnvInt(b, "KDEDUP_BENCH_PARTITIONS", 4)
-	rate := benchEnvInt(b, "KDEDUP_BENCH_RATE", 50_000)
-	cache := benchEnvInt(b, "KDEDUP_BENCH_CACHE", store.DefaultCacheBytes)
+	keys := benchenv.Int(b, "KDEDUP_BENCH_KEYS", 1_000_000)
+	partitions := benchenv.Int(b, "KDEDUP_BENCH_PARTITIONS", 4)
+	rate := benchenv.Int(b, "KDEDUP_BENCH_RATE", 50_000)
+	cache := benchenv.Int(b, "KDEDUP_BENCH_CACHE", store.DefaultCacheBytes)
 	dir := b.TempDir()
 	r, err := newRig(dir, partitions, 4096, int64(cache), time.Second)
 	if err != nil {
@@ -503,7 +456,7 @@ func BenchmarkDurableRate(b *testing.B) {
 			b.Error(err)
 		}
 	}()
-	resetPeakRSS()
+	benchenv.ResetPeakRSS()
 	start := time.Now()
 	if err := r.feed(0, uint64(keys)); err != nil {
 		b.Fatal(err)
@@ -616,7 +569,7 @@ func atRate(b *testing.B, f feeder, fed uint64, rate int, preload time.Duration)
 		b.ReportMetric(float64(after.diskWrite-before.diskWrite)/n, "disk-B/rec")
 	}
 	b.ReportMetric(float64(f.batchCount()-batches)/after.wall.Sub(before.wall).Seconds(), "batches/s")
-	b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+	b.ReportMetric(float64(benchenv.PeakRSS())/(1<<20), "peak-RSS-MiB")
 	b.ReportMetric(preload.Seconds(), "preload-s")
 	return fed + uint64(b.N)
 }
@@ -643,7 +596,7 @@ func atRate(b *testing.B, f feeder, fed uint64, rate int, preload time.Duration)
 // with nothing else), and load, the load factor. ns/op is the time to
 // write one key, compaction not included.
 func BenchmarkKeySetAtRest(b *testing.B) {
-	partitions := benchEnvInt(b, "KDEDUP_BENCH_PARTITIONS", 16)
+	partitions := benchenv.Int(b, "KDEDUP_BENCH_PARTITIONS", 16)
 	b.Run("filter", func(b *testing.B) {
 		dir := b.TempDir()
 		r, err := newRig(dir, partitions, 0, 0, time.Second)
@@ -706,7 +659,7 @@ func BenchmarkKeySetAtRest(b *testing.B) {
 		wb := bdb.NewWriteBatch()
 		var k [16]byte
 		for i := range uint64(b.N) {
-			benchKey(k[:], i)
+			benchenv.Key(k[:], i)
 			if err := wb.Set(bytes.Clone(k[:]), nil); err != nil {
 				b.Fatal(err)
 			}

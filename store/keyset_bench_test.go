@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/kdedup/kdedup/internal/benchenv"
 )
 
 // keySet is the exact key set the filter is meant to beat: one Badger key
@@ -74,7 +76,7 @@ func (s *keySet) feed(from, to uint64) error {
 		p := i % n
 		s.key[0] = 'k'
 		binary.BigEndian.PutUint32(s.key[1:], uint32(p))
-		benchKey(s.key[5:], i)
+		benchenv.Key(s.key[5:], i)
 		_, err := s.txn.Get(s.key[:])
 		switch {
 		case err == nil:
@@ -234,9 +236,9 @@ func TestKeySetExact(t *testing.T) {
 //
 //	KDEDUP_BENCH_KEYS=1000000 go test -run '^$' -bench 'KeySetRate' -benchtime 1000000x -timeout 60m ./store
 func BenchmarkKeySetRate(b *testing.B) {
-	keys := benchEnvInt(b, "KDEDUP_BENCH_KEYS", 1_000_000)
-	partitions := benchEnvInt(b, "KDEDUP_BENCH_PARTITIONS", 4)
-	rate := benchEnvInt(b, "KDEDUP_BENCH_RATE", 50_000)
+	keys := benchenv.Int(b, "KDEDUP_BENCH_KEYS", 1_000_000)
+	partitions := benchenv.Int(b, "KDEDUP_BENCH_PARTITIONS", 4)
+	rate := benchenv.Int(b, "KDEDUP_BENCH_RATE", 50_000)
 	s, err := newKeySet(b.TempDir(), partitions, time.Second)
 	if err != nil {
 		b.Fatal(err)
@@ -246,7 +248,7 @@ func BenchmarkKeySetRate(b *testing.B) {
 			b.Error(err)
 		}
 	}()
-	resetPeakRSS()
+	benchenv.ResetPeakRSS()
 	start := time.Now()
 	if err := s.feed(0, uint64(keys)); err != nil {
 		b.Fatal(err)

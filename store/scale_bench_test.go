@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kdedup/kdedup/internal/benchenv"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -66,9 +67,9 @@ func BenchmarkScale(b *testing.B) {
 		}
 		stores = append(stores, s)
 	}
-	records := benchEnvInt(b, "KDEDUP_BENCH_SCALE_RECORDS", 1_000_000)
+	records := benchenv.Int(b, "KDEDUP_BENCH_SCALE_RECORDS", 1_000_000)
 	cacheMiB := map[string]int{
-		"kdedup": benchEnvInt(b, "KDEDUP_BENCH_CACHE", store.DefaultCacheBytes) >> 20,
+		"kdedup": benchenv.Int(b, "KDEDUP_BENCH_CACHE", store.DefaultCacheBytes) >> 20,
 		"keyset": keySetBlockCacheBytes >> 20,
 	}
 	timeout := "0"
