@@ -15,7 +15,7 @@ import (
 )
 
 // A page is stored as a base entry and a run of delta entries under one key
-// prefix (see the package comment). pageLog is what a Partition knows of a
+// prefix (see the package comment). pageLog is what a PartitionState knows of a
 // page's stored entries; it travels with the page in memory so that a
 // write batch can choose between a delta and a whole page without reading
 // Badger.
@@ -32,7 +32,7 @@ type pageLog struct {
 	deltaBytes int
 }
 
-// cachedPage is a clean page in the DB's cache, or the one a Partition last
+// cachedPage is a clean page in the DB's cache, or the one a PartitionState last
 // read.
 type cachedPage struct {
 	data []byte
@@ -141,7 +141,7 @@ func (p *PartitionState) recycle(d *dirtyPage) {
 	d.spans, d.raw = nil, 0
 }
 
-// maxSpareSpans bounds the range buffers a Partition keeps for reuse.
+// maxSpareSpans bounds the range buffers a PartitionState keeps for reuse.
 const maxSpareSpans = 4096
 
 // deltaKeyBytes is the length of p's delta keys.

@@ -50,7 +50,7 @@ func storedEntries(t *testing.T, p *PartitionState) (bases map[filter.PageID]int
 	return bases, deltas
 }
 
-// TestDeltaRandomized cross-checks a Partition written through MarkChanged
+// TestDeltaRandomized cross-checks a PartitionState written through MarkChanged
 // and MarkDirty against an exact model (a map of page to bytes) over random
 // byte-range writes, write batches, discards, drops of sub-filters and
 // reopenings with a cache of a few pages, so that pages are read back from

@@ -7,7 +7,7 @@
 //
 // A write batch is one Badger transaction (Txn, not WriteBatch, whose
 // internal flushes are not atomic) holding what changed in every page a
-// Partition dirtied since its previous write batch (a delta or the whole
+// PartitionState dirtied since its previous write batch (a delta or the whole
 // page; see Page deltas), the chain metadata and the checkpoint.
 // After a crash a partition's state is therefore exactly that of its last
 // committed write batch, whose checkpoint says where to resume reading the
@@ -21,8 +21,8 @@
 //
 // # Page cache
 //
-// Clean pages of every Partition of a DB share one LRU cache of
-// Options.CacheBytes; dirty pages are held by their Partition until Commit
+// Clean pages of every PartitionState of a DB share one LRU cache of
+// Options.CacheBytes; dirty pages are held by their PartitionState until Commit
 // and are never evicted. Badger is the durable copy, not the per-operation
 // path: a point read costs microseconds (BenchmarkPageRead), a cached page
 // about a hundred nanoseconds (BenchmarkPageCached).
@@ -99,7 +99,7 @@
 // The alternative, a per-partition redo log of slot changes committed with
 // the checkpoint and pages written back lazily (fuzzy checkpoints), writes
 // slightly fewer bytes per change but needs page sequence numbers in every
-// page, a bounded redo pass at every Partition open and a write-back
+// page, a bounded redo pass at every PartitionState open and a write-back
 // scheduler: three new mechanisms where deltas need none, since a page and
 // its deltas are read together and the existing write batch, drop (prefix
 // deletion of a sub-filter removes its deltas too) and crash guarantees
@@ -143,7 +143,7 @@
 // sub-filter's pages are deleted (Badger prefix iteration and deletes in a
 // WriteBatch, whose partial flushes are harmless here: nothing refers to
 // those pages any more) and the marker last. A crash in between leaves the
-// marker, and the next Partition open finishes the deletion. Sub-filter IDs
+// marker, and the next PartitionState open finishes the deletion. Sub-filter IDs
 // are never reused, so deleting late never races a new sub-filter. The
 // space is reclaimed by compaction and value-log GC.
 //

@@ -5,7 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
-// metrics are shared by every Partition of one DB. With a nil Registerer
+// metrics are shared by every PartitionState of one DB. With a nil Registerer
 // they are created but not registered; otherwise the Badger size and cache
 // metrics of db (collector) are registered with them.
 type metrics struct {

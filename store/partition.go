@@ -34,7 +34,7 @@ type PartitionState struct {
 	db     *DB
 	tp     TopicPartition
 	prefix []byte
-	owner  uint64 // namespace of this Partition's entries in the DB's page cache
+	owner  uint64 // namespace of this PartitionState's entries in the DB's page cache
 	dirty  map[filter.PageID]*dirtyPage
 	// last is the clean page Page returned last (lastID), whose log
 	// MarkChanged needs even if the shared cache evicted it since.
@@ -218,7 +218,7 @@ func (p *PartitionState) Page(id filter.PageID) ([]byte, error) {
 	// newest sub-filter's page in its lookup, then to place the key): found
 	// without a map or cache lookup. p.last is never a dirty page
 	// (markDirty clears it), and its bytes stay valid when the shared cache
-	// evicts it: only this Partition writes them.
+	// evicts it: only this PartitionState writes them.
 	if d := p.lastDirty; d != nil && p.lastDirtyID == id {
 		p.db.metrics.cacheHits.Inc()
 		return d.data, nil
@@ -319,7 +319,7 @@ func (p *PartitionState) markDirty(id filter.PageID, page []byte) *dirtyPage {
 	}
 	d := &dirtyPage{data: page}
 	key := cacheKey{owner: p.owner, id: id}
-	// The page's log comes from the record Page returned. Another Partition
+	// The page's log comes from the record Page returned. Another PartitionState
 	// sharing the cache may have evicted it since, hence p.last.
 	switch c, ok := p.db.cache.Peek(key); {
 	case p.last != nil && p.lastID == id:

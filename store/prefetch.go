@@ -32,7 +32,7 @@ const PrefetchWorkers = 8
 // like Page), ErrClosed after Close, or Badger's error; pages read before
 // an error are cached, the failed ones are not.
 //
-// The concurrency is internal: like every method of Partition, Prefetch is
+// The concurrency is internal: like every method of PartitionState, Prefetch is
 // called by the goroutine that owns the partition, and it returns after
 // its reads have ended. The DB's cache is shared with the PartitionStates of
 // other goroutines and is safe for concurrent use.
@@ -79,7 +79,7 @@ func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 				if i >= len(want) {
 					return
 				}
-				// load1 only reads the Partition's immutable fields and
+				// load1 only reads the PartitionState's immutable fields and
 				// the DB; each call reads in its own Badger read-only
 				// transaction, which Badger allows concurrently.
 				pages[i], errs[i] = p.load1(want[i])
@@ -107,7 +107,7 @@ func (p *PartitionState) PrefetchLimit() int {
 	return max(1, p.db.cachePages()/(2*max(open, 1)))
 }
 
-// CacheMisses returns the number of this Partition's page lookups that had
+// CacheMisses returns the number of this PartitionState's page lookups that had
 // to read Badger since it was opened: Page calls that found the page
 // neither dirty nor cached, and pages Prefetch read. A caller that sees it
 // unchanged over a batch of records can skip prefetching the next one.

@@ -35,7 +35,7 @@ var (
 	// the next write batch, the memtables' flushes and a level-0 compaction
 	// need (kdedup_store_required_free_bytes; see the package comment).
 	ErrDiskFull = errors.New("store: not enough free disk space")
-	// ErrClosed is returned by a DB or Partition used after Close.
+	// ErrClosed is returned by a DB or PartitionState used after Close.
 	ErrClosed = errors.New("store: closed")
 	// ErrLocked is returned by Open when another process holds the directory.
 	ErrLocked = errors.New("store: directory in use by another process")
@@ -43,11 +43,11 @@ var (
 	ErrReadOnly = errors.New("store: read-only")
 	// ErrInvalidOptions is returned by Open for Options it cannot honour.
 	ErrInvalidOptions = errors.New("store: invalid options")
-	// ErrInvalidTopic is returned by Partition for a topic name Kafka would
+	// ErrInvalidTopic is returned by DB.Partition for a topic name Kafka would
 	// refuse (empty or longer than 249 bytes).
 	ErrInvalidTopic = errors.New("store: invalid topic name")
-	// ErrPartitionOpen is returned by Partition when the topic-partition
-	// already has an open Partition on this DB.
+	// ErrPartitionOpen is returned by DB.Partition when the topic-partition
+	// already has an open PartitionState on this DB.
 	ErrPartitionOpen = errors.New("store: partition already open")
 	// ErrDirty is returned by PartitionState.Consolidate when the partition has
 	// uncommitted changes.
@@ -117,7 +117,7 @@ type Options struct {
 	// MaxPageBytes). It must stay the same for the life of a directory.
 	PageBytes int
 	// CacheBytes bounds the clean pages kept in memory, shared by every
-	// Partition of the DB (default 256 MiB); the cache holds
+	// PartitionState of the DB (default 256 MiB); the cache holds
 	// CacheBytes/PageBytes pages (at least one), least recently used evicted
 	// first. Dirty pages are not counted: they are bounded by FlushBytes.
 	CacheBytes int64
@@ -275,8 +275,8 @@ type DB struct {
 	metrics *metrics
 	tuning  tuning
 
-	// cache holds clean pages of every Partition, keyed by the Partition's
-	// owner number so that a closed Partition's pages are never seen again.
+	// cache holds clean pages of every PartitionState, keyed by the PartitionState's
+	// owner number so that a closed PartitionState's pages are never seen again.
 	cache     *lru.Cache[cacheKey, *cachedPage]
 	nextOwner atomic.Uint64
 
@@ -398,7 +398,7 @@ func badgerOptions(opts Options, memTable int64) badger.Options {
 		// block it reads from then on, and each value read from the value log.
 		WithChecksumVerificationMode(options.OnBlockRead).
 		WithVerifyValueChecksum(true).
-		// Each key is written by one Partition only and Commit reads nothing,
+		// Each key is written by one PartitionState only and Commit reads nothing,
 		// so there is nothing to conflict with.
 		WithDetectConflicts(false).
 		WithLogger(badgerLogger{opts.Logger.With("component", "badger")})
@@ -552,7 +552,7 @@ func (db *DB) Close() error {
 
 // Partition opens the state of one topic-partition, loading its chain
 // metadata and checkpoint if it has any; a topic-partition without state
-// starts empty. A topic-partition has at most one open Partition per DB
+// starts empty. A topic-partition has at most one open PartitionState per DB
 // (ErrPartitionOpen otherwise): Close it before opening it again. The topic
 // must be 1 to 249 bytes (ErrInvalidTopic).
 func (db *DB) Partition(topic string, partition int32) (*PartitionState, error) {

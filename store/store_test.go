@@ -111,7 +111,7 @@ func TestCommitReopen(t *testing.T) {
 	}
 }
 
-// model is the exact expected state of one Partition.
+// model is the exact expected state of one PartitionState.
 type model struct {
 	pageBytes int
 	committed map[filter.PageID][]byte
