@@ -42,7 +42,7 @@ func (o *Opener) Open(topic string, partition int32) (*Deduplicator, error) {
 	return Open(o.db, topic, partition, o.opts, o.m)
 }
 
-// Options returns the Options every Partition of o is opened with.
+// Options returns the Options every Deduplicator of o is opened with.
 func (o *Opener) Options() Options { return o.opts }
 
 // Forwards reports whether a record decided d goes to the output topic

@@ -163,7 +163,7 @@ type tally struct {
 // one way match nothing derived another) or another format version, and
 // store or filter corruption errors as they are: state is never wiped.
 // It returns ErrOptions (wrapped) when opts are out of range.
-// m may be shared by every Partition of the process; nil means unregistered
+// m may be shared by every Deduplicator of the process; nil means unregistered
 // metrics.
 func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics) (*Deduplicator, error) {
 	if err := opts.validate(); err != nil {

@@ -112,7 +112,7 @@ func streamKind(rng *rand.Rand) recordKind {
 
 // TestWindowDecisionsAgainstExactModel decides a random stream with record
 // timestamps (mostly increasing, 10% out of order, 2% older than the
-// window) through a windowed Partition, with and without refresh, at
+// window) through a windowed Deduplicator, with and without refresh, at
 // occurrence limits 1 and 3, staged with a third of transactions aborted
 // and not, and compares every decision with the exact model. 32-bit
 // fingerprints keep false positives out (about 2e-9 per sub-filter per
