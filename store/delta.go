@@ -347,7 +347,7 @@ func (p *PartitionState) ConsolidateStep(maxBytes int64) (more bool, err error) 
 		if err != nil {
 			return false, err
 		}
-		if lg := p.last.log; p.lastID == id && lg.lastSeq == lg.baseSeq && lg.oldest == 0 {
+		if c := p.last; c != nil && p.lastID == id && c.log.lastSeq == c.log.baseSeq && c.log.oldest == 0 {
 			continue // folded into its base by a write batch since the listing
 		}
 		p.MarkDirty(id, page)
