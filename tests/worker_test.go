@@ -23,6 +23,7 @@ import (
 
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/internal/app"
+	"github.com/kdedup/kdedup/internal/benchenv"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
@@ -132,19 +133,7 @@ func (w *worker) running(t *testing.T) {
 // metric sums the samples of a counter or gauge of the worker.
 func (w *worker) metric(t *testing.T, name string) float64 {
 	t.Helper()
-	mfs, err := w.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			}
-		}
-	}
-	return total
+	return benchenv.Gathered(t, w.reg, name)
 }
 
 // stop shuts the worker down gracefully and fails the test on its error.
