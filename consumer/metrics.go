@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/kdedup/kdedup/store"
 )
 
 type metrics struct {
@@ -105,14 +107,33 @@ func (c partitionCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c partitionCollector) Collect(ch chan<- prometheus.Metric) {
-	c.w.mu.Lock()
-	defer c.w.mu.Unlock()
-	for tp, pw := range c.w.parts {
-		p := strconv.Itoa(int(tp.Partition))
-		ch <- prometheus.MustNewConstMetric(c.replayLeft, prometheus.GaugeValue, float64(pw.replayLeft.Load()), tp.Topic, p)
-		hw, next := pw.highWatermark.Load(), pw.nextOffset.Load()
-		if hw >= 0 && next >= 0 {
-			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(max(0, hw-next)), tp.Topic, p)
+	// Copy under the lock, send after: a send blocks until the registry
+	// takes the metric, and the registry meanwhile evaluates other
+	// collectors' metrics, which must never wait for Worker.mu held here.
+	for _, s := range c.w.partitionSnapshot() {
+		p := strconv.Itoa(int(s.tp.Partition))
+		ch <- prometheus.MustNewConstMetric(c.replayLeft, prometheus.GaugeValue, float64(s.replayLeft), s.tp.Topic, p)
+		if s.highWatermark >= 0 && s.next >= 0 {
+			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(max(0, s.highWatermark-s.next)), s.tp.Topic, p)
 		}
 	}
+}
+
+// partitionGauges is what the collector reports of one partition, read at
+// one scrape.
+type partitionGauges struct {
+	tp                              store.TopicPartition
+	replayLeft, highWatermark, next int64
+}
+
+// partitionSnapshot returns the gauges of every assigned partition, read
+// under mu, which it releases before returning.
+func (w *Worker) partitionSnapshot() []partitionGauges {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]partitionGauges, 0, len(w.parts))
+	for tp, pw := range w.parts {
+		out = append(out, partitionGauges{tp: tp, replayLeft: pw.replayLeft.Load(), highWatermark: pw.highWatermark.Load(), next: pw.nextOffset.Load()})
+	}
+	return out
 }

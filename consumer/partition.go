@@ -55,6 +55,7 @@ type partitionWorker struct {
 	replayMu      sync.Mutex
 	replay        replayState
 	planned       atomic.Bool // adjustOffsets has decided where it starts
+	awaitingPlan  atomic.Bool // counted in Worker.unplanned (settlePlan)
 	restoring     atomic.Bool
 	restoreAbort  atomic.Bool // stop(abort): the replay commits nothing more
 	cancelRestore context.CancelFunc
@@ -124,6 +125,14 @@ func (pw *partitionWorker) abortTxn() error {
 // differs from the last one flushed.
 func (pw *partitionWorker) groupBehind(group int64) {
 	pw.flushed = store.Checkpoint{Offset: group, LeaderEpoch: -1}
+}
+
+// settlePlan takes the partition out of Worker.unplanned, once: its start
+// is planned, or it was released before.
+func (pw *partitionWorker) settlePlan() {
+	if pw.awaitingPlan.CompareAndSwap(true, false) {
+		pw.w.unplanned.Add(-1)
+	}
 }
 
 // replayState is a partition's replay: [from, until) state-only; start is

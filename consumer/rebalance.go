@@ -29,6 +29,8 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 				continue
 			}
 			pw := newPartition(w, cl, topic, p, d)
+			pw.awaitingPlan.Store(true)
+			w.unplanned.Add(1)
 			w.mu.Lock()
 			w.parts[store.TopicPartition{Topic: topic, Partition: p}] = pw
 			w.mu.Unlock()
@@ -39,7 +41,7 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 			w.log.Info("partition assigned", "topic", topic, "partition", p)
 		}
 	}
-	w.ready.Store(true)
+	w.awaitCompleteAssignment(cl)
 }
 
 // adjustOffsets chooses where each newly assigned partition starts, from
@@ -80,7 +82,8 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 				continue
 			}
 			start, err := w.plan(ctx, cl, adm, &starts, &seen, pw, o)
-			pw.planned.Store(true) // after a replay began: readiness never sees a gap
+			pw.planned.Store(true)
+			pw.settlePlan() // after a replay began: readiness never sees a gap
 			if err != nil {
 				return nil, err
 			}
@@ -270,6 +273,7 @@ func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) int {
 	}
 	w.mu.Unlock()
 	for _, pw := range stopping {
+		pw.settlePlan()
 		pw.stop(abort)
 	}
 	for _, pw := range stopping {

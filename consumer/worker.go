@@ -37,7 +37,14 @@ type Worker struct {
 	cl   *kgo.Client
 	sess *kgo.GroupTransactSession // ExactlyOnce only
 
-	ready     atomic.Bool
+	// ready: the group's assignment was complete once since this
+	// session joined (ready.go); joining: the client whose group
+	// awaitCompleteAssignment watches.
+	ready   atomic.Bool
+	joining atomic.Pointer[kgo.Client]
+	// unplanned counts assigned partitions whose start adjustOffsets has
+	// not decided yet (partitionWorker.settlePlan).
+	unplanned atomic.Int64
 	restoring atomic.Int64 // partitions replaying input into their filter
 	fatal     atomic.Bool  // fail was called: never ready again
 	// revokedSinceEnd (exactly once): a revocation or a loss reached the
@@ -48,9 +55,9 @@ type Worker struct {
 
 	// mu guards connected, parts, closing, fatalErr and cancelPoll, and
 	// the writes of cl and sess (publish). It is held only to read and
-	// write these (and, in Ready and the metrics collector, to read the
-	// partitions' atomics), never across a partition stop or a Kafka
-	// request.
+	// write these (and, in partitionSnapshot, to read the partitions'
+	// atomics), never across a partition stop, a Kafka request or a send
+	// on a channel.
 	mu         sync.Mutex
 	connected  chan struct{} // closed once cl and sess are set; a new one each connect
 	parts      map[store.TopicPartition]*partitionWorker
@@ -89,19 +96,11 @@ func New(opts Options) (*Worker, error) {
 // Ready reports whether the worker has joined its group, opened the state of
 // every partition assigned to it and finished replaying their input (a
 // rebuild or a catch-up is not ready, so that a rolling update waits for
-// it); false again once shutdown begins or a fatal error stops it.
+// it); false again once shutdown begins or a fatal error stops it. It
+// reads atomics only, never a lock: the kdedup_worker_ready gauge calls it
+// while the registry gathers the other collectors.
 func (w *Worker) Ready() bool {
-	if !w.ready.Load() || w.fatal.Load() || w.restoring.Load() != 0 {
-		return false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, pw := range w.parts {
-		if !pw.planned.Load() { // assigned, and not yet known whether it must replay
-			return false
-		}
-	}
-	return true
+	return w.ready.Load() && !w.fatal.Load() && w.restoring.Load() == 0 && w.unplanned.Load() == 0
 }
 
 // client returns the group client of the current connect, waiting until
