@@ -8,7 +8,8 @@ import (
 
 // GroupClientOpts are the franz-go settings of the worker's group client
 // that follow from o alone (after defaults): seed brokers, consumer group
-// and input topics, cooperative-sticky balancing, the start offset, read
+// and input topics, cooperative-sticky balancing, the log start as the reset
+// offset (StartAtLatest is the worker's to apply, in its offset plan), read
 // committed, session and heartbeat, metadata ages, retried EOFs, rebalances
 // blocked while polled records are handled (the caller calls
 // AllowRebalance), the output topic and the decompression bound; with
@@ -20,16 +21,16 @@ import (
 // from the worker's settings.
 func (o Options) GroupClientOpts() []kgo.Opt {
 	o = o.withDefaults()
-	start := kgo.NewOffset().AtStart()
-	if o.StartAtLatest {
-		start = kgo.NewOffset().AtEnd()
-	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(o.Brokers...),
 		kgo.ConsumerGroup(o.Group),
 		kgo.ConsumeTopics(o.InputTopics...),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
-		kgo.ConsumeResetOffset(start),
+		// The reset offset is also where franz-go goes when an offset is
+		// out of range (retention deleted it): always the log start, so
+		// that no retained record is skipped. StartAtLatest is applied by
+		// the worker's offset plan, to partitions the group never saw.
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.SessionTimeout(o.SessionTimeout),
 		kgo.HeartbeatInterval(min(3*time.Second, o.SessionTimeout/3)),

@@ -10,19 +10,20 @@ import (
 )
 
 type metrics struct {
-	assigned        prometheus.Gauge
-	restoring       prometheus.Gauge
-	replaySeconds   prometheus.Histogram
-	partialRebuilds prometheus.Counter
-	produceErrors   prometheus.Counter
-	batches         prometheus.Counter
-	batchRecords    prometheus.Histogram
-	batchBytes      prometheus.Histogram
-	txns            *prometheus.CounterVec
-	txnSeconds      prometheus.Histogram
-	sessionRestarts prometheus.Counter
-	partitionsLost  prometheus.Counter
-	deadLetters     *prometheus.CounterVec
+	assigned         prometheus.Gauge
+	restoring        prometheus.Gauge
+	replaySeconds    prometheus.Histogram
+	partialRebuilds  prometheus.Counter
+	retentionSkipped prometheus.Counter
+	produceErrors    prometheus.Counter
+	batches          prometheus.Counter
+	batchRecords     prometheus.Histogram
+	batchBytes       prometheus.Histogram
+	txns             *prometheus.CounterVec
+	txnSeconds       prometheus.Histogram
+	sessionRestarts  prometheus.Counter
+	partitionsLost   prometheus.Counter
+	deadLetters      *prometheus.CounterVec
 }
 
 // newMetrics registers the worker's metrics with reg (nil: none), among
@@ -48,6 +49,8 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 			Help: "Time from assignment to the end of a partition's replay.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}),
 		partialRebuilds: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_partial_rebuilds_total",
 			Help: "Replays that could not start where they had to because the input was no longer retained."}),
+		retentionSkipped: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_retention_skipped_offsets_total",
+			Help: "Input offsets a partition had to decide but retention deleted first (its committed offset or checkpoint was below the log start): it resumed at the log start; those records were neither forwarded nor remembered."}),
 		produceErrors: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_produce_errors_total",
 			Help: "Produce attempts the output, duplicates or dead-letter topic did not acknowledge (a record refused by the broker is produced again alone, then dead-lettered; other errors stop the worker at least once and abort the transaction exactly once)."}),
 		batches: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_write_batches_total", Help: "Write batches committed to Badger."}),

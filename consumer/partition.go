@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/store"
@@ -60,6 +61,10 @@ type partitionWorker struct {
 	restoreAbort  atomic.Bool // stop(abort): the replay commits nothing more
 	cancelRestore context.CancelFunc
 	restoreDone   chan struct{}
+
+	// At least once, set by startAt before planned: the next write batch
+	// commits its checkpoint to the group itself (flush).
+	commitStart bool
 
 	// At least once: forwarded records not yet acknowledged.
 	inflight sync.WaitGroup
@@ -133,6 +138,21 @@ func (pw *partitionWorker) settlePlan() {
 	if pw.awaitingPlan.CompareAndSwap(true, false) {
 		pw.w.unplanned.Add(-1)
 	}
+}
+
+// startAt makes the partition start at cp, with nothing to decide before
+// it, and its first write batch commit cp even if no record follows (flush
+// commits only a checkpoint that differs from the last one flushed, and -1
+// is none).
+//
+// At least once that write batch also commits cp to the group, by a commit
+// of its own: franz-go takes an offset the plan starts at for committed
+// already, so a mark of it would never be committed.
+func (pw *partitionWorker) startAt(cp store.Checkpoint) {
+	pw.next, pw.stableNext = cp, cp
+	pw.flushed = store.Checkpoint{Offset: -1, LeaderEpoch: -1}
+	pw.nextOffset.Store(cp.Offset)
+	pw.commitStart = pw.w.opts.Delivery == AtLeastOnce
 }
 
 // replayState is a partition's replay: [from, until) state-only; start is
@@ -386,9 +406,16 @@ func (pw *partitionWorker) flush() {
 	pw.w.m.batchBytes.Observe(float64(dirty))
 	pw.flushedDecided = decided
 	if pw.w.opts.Delivery == AtLeastOnce {
-		pw.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{
-			pw.topic: {pw.partition: {Epoch: cp.LeaderEpoch, Offset: cp.Offset}},
-		})
+		offsets := map[string]map[int32]kgo.EpochOffset{pw.topic: {pw.partition: {Epoch: cp.LeaderEpoch, Offset: cp.Offset}}}
+		if pw.commitStart {
+			pw.commitStart = false
+			pw.cl.CommitOffsets(context.Background(), offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, _ *kmsg.OffsetCommitResponse, err error) {
+				if err != nil {
+					pw.w.log.Warn("committing where the partition starts; the next owner starts at the group's previous offset", "topic", pw.topic, "partition", pw.partition, "offset", cp.Offset, "err", err)
+				}
+			})
+		}
+		pw.cl.MarkCommitOffsets(offsets)
 	}
 }
 

@@ -97,15 +97,34 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 // committed offset o, and starts its replay when it needs one (see
 // adjustOffsets). starts caches the input's start offsets, seen the topics
 // the group has committed offsets for.
+//
+// Records below the log start were deleted by retention. A replay that
+// should have read them is partial (counted, logged); records the group
+// client should have decided are gone too: the partition resumes at the
+// log start, never at its end, logs the offsets lost and counts them
+// (kdedup_retention_skipped_offsets_total).
 func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, starts *kadm.ListedOffsets, seen *groupOffsets, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
 	topic, p := pw.topic, pw.partition
 	group := o.EpochOffset().Offset // negative: no committed offset
 	cp, ok := pw.dedup.Checkpoint()
+	if !ok && group < 0 { // nothing committed, no state: start empty
+		return w.startEmpty(ctx, adm, seen, pw, o)
+	}
+	// A replay needs the log start; resuming only checks it, and where it
+	// cannot be listed the group client's reset offset, the log start,
+	// still resumes there (uncounted).
+	logStart, lsErr := w.logStart(ctx, adm, starts, topic, p)
+	if lsErr != nil {
+		w.log.Warn("cannot tell whether retention deleted records this partition has to decide", "topic", topic, "partition", p, "err", lsErr)
+	}
 	from := int64(-1)
 	switch {
 	case ok && (group < 0 || cp.Offset >= group):
 		if cp.Offset != group {
 			w.log.Info("resuming from the local checkpoint", "topic", topic, "partition", p, "offset", cp.Offset, "group_offset", group)
+		}
+		if cp.Offset < logStart {
+			return w.skipToLogStart(pw, cp.Offset, logStart), nil
 		}
 		if group >= 0 && cp.Offset > group && w.opts.Delivery == AtLeastOnce {
 			// Fetch from the group's offset, which franz-go takes as
@@ -114,38 +133,31 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 			// group, even if no record follows. Starting at the
 			// checkpoint instead made franz-go take it as committed, and
 			// the group's offset stayed behind until the next record.
+			// (A group offset below the log start resets to it, which
+			// is at or below the checkpoint.)
 			pw.groupBehind(group)
 			return o, nil
 		}
 		return kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch), nil
-	case group < 0: // nothing committed, no state: start empty
-		if w.opts.StartAtLatest && seen.topicCommitted(ctx, w, adm, topic) {
-			w.log.Info("partition added since the group started: reading it from the start, not KDEDUP_START_OFFSET=latest", "topic", topic, "partition", p)
-			return kgo.NewOffset().AtStart(), nil
-		}
-		return o, nil
 	case ok:
 		from = cp.Offset
 	case w.opts.RebuildEmpty:
 		w.log.Info("no local state: starting with an empty filter (KDEDUP_REBUILD=empty)", "topic", topic, "partition", p, "group_offset", group)
-		return o, nil
+		return w.clampGroup(pw, o, logStart), nil
 	default:
 		var err error
 		if from, err = w.windowStart(ctx, adm, topic, p, group); err != nil {
 			return o, err
 		}
 	}
-	if *starts == nil {
-		var err error
-		if *starts, err = adm.ListStartOffsets(ctx, w.opts.InputTopics...); err != nil {
-			return o, fmt.Errorf("listing start offsets to plan a replay: %w", err)
-		}
+	if lsErr != nil {
+		return o, lsErr // the replay's start is unknown
 	}
-	if s, found := starts.Lookup(topic, p); found && s.Err == nil && s.Offset > from {
+	if logStart > from {
 		w.m.partialRebuilds.Inc()
 		w.log.Warn("replay is partial: the input before the earliest retained offset is gone, so keys first seen there are not in the filter and deletes there are not applied",
-			"topic", topic, "partition", p, "lost_from", from, "lost_to", s.Offset)
-		from = s.Offset
+			"topic", topic, "partition", p, "lost_from", from, "lost_to", min(logStart, group))
+		from = logStart
 	}
 	if from < group {
 		// The group client starts at the group's offset (o, unchanged)
@@ -153,7 +165,75 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 		cl.PauseFetchPartitions(map[string][]int32{topic: {p}})
 		pw.startReplay(cl, from, group)
 	}
-	return o, nil
+	return w.clampGroup(pw, o, logStart), nil
+}
+
+// logStart returns the earliest retained offset of topic/partition, from
+// starts, listing the input's start offsets the first time it is asked.
+func (w *Worker) logStart(ctx context.Context, adm *kadm.Client, starts *kadm.ListedOffsets, topic string, p int32) (int64, error) {
+	if *starts == nil {
+		l, err := adm.ListStartOffsets(ctx, w.opts.InputTopics...)
+		if err != nil {
+			return 0, fmt.Errorf("listing start offsets to plan where partitions resume: %w", err)
+		}
+		*starts = l
+	}
+	s, found := starts.Lookup(topic, p)
+	if !found || s.Err != nil {
+		return 0, nil // unknown: the group client's reset offset, the log start, covers it
+	}
+	return s.Offset, nil
+}
+
+// clampGroup returns o, the group's committed offset, or the log start if
+// that is past o (the records in between were deleted before anyone
+// decided them: skipToLogStart).
+func (w *Worker) clampGroup(pw *partitionWorker, o kgo.Offset, logStart int64) kgo.Offset {
+	group := o.EpochOffset().Offset
+	if group < 0 || group >= logStart {
+		return o
+	}
+	return w.skipToLogStart(pw, group, logStart)
+}
+
+// skipToLogStart logs and counts the offsets [from, logStart) that pw had
+// to decide but retention deleted first, and makes pw start at logStart.
+// Its first write batch commits logStart even if no record follows, so
+// that the loss is counted once.
+func (w *Worker) skipToLogStart(pw *partitionWorker, from, logStart int64) kgo.Offset {
+	pw.startAt(store.Checkpoint{Offset: logStart, LeaderEpoch: -1})
+	w.m.retentionSkipped.Add(float64(logStart - from))
+	w.log.Warn("records deleted by retention before they were decided: resuming at the earliest retained offset; these records were neither forwarded nor remembered",
+		"topic", pw.topic, "partition", pw.partition, "lost_from", from, "lost_to", logStart, "lost_offsets", logStart-from)
+	return kgo.NewOffset().At(logStart)
+}
+
+// startEmpty returns where a partition with neither a committed offset nor
+// local state starts: the log start, or with StartAtLatest the log end
+// unless the group has committed offsets in its topic (startoffset.go).
+// A partition that starts at the end starts at the offset listed now, and
+// its first write batch commits that offset (at least once, to the group
+// too), so that records written after the group began are never skipped,
+// even by a member that restarts before deciding any.
+func (w *Worker) startEmpty(ctx context.Context, adm *kadm.Client, seen *groupOffsets, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
+	topic, p := pw.topic, pw.partition
+	if !w.opts.StartAtLatest {
+		return o, nil
+	}
+	if seen.topicCommitted(ctx, w, adm, topic) {
+		w.log.Info("partition added since the group started: reading it from the start, not KDEDUP_START_OFFSET=latest", "topic", topic, "partition", p)
+		return kgo.NewOffset().AtStart(), nil
+	}
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return o, fmt.Errorf("listing end offsets for KDEDUP_START_OFFSET=latest: %w", err)
+	}
+	e, found := ends.Lookup(topic, p)
+	if !found || e.Err != nil {
+		return o, fmt.Errorf("listing the end offset of %s/%d for KDEDUP_START_OFFSET=latest: %v", topic, p, e.Err)
+	}
+	pw.startAt(store.Checkpoint{Offset: e.Offset, LeaderEpoch: -1})
+	return kgo.NewOffset().At(e.Offset), nil
 }
 
 // windowStart is where a rebuild of topic/partition up to offset group
