@@ -174,6 +174,7 @@ func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
 	if len(meta) == 0 {
 		return New(p, pager)
 	}
+	configured := p // as given: Diff names the rate a fixed width overrides
 	p = p.WithDefaults()
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -183,7 +184,7 @@ func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
 		return nil, err
 	}
 	if m.Params != p {
-		return nil, &ParamsError{Diffs: m.Params.Diff(p)}
+		return nil, &ParamsError{Diffs: m.Params.Diff(configured)}
 	}
 	c := newChain(p, m.Seed, pager)
 	c.subs = m.SubFilters

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -96,5 +97,31 @@ func TestParamsDiffRandomized(t *testing.T) {
 	}
 	if differing < 10_000 {
 		t.Fatalf("only %d of 20,000 pairs differ: the generator does not exercise Diff", differing)
+	}
+}
+
+// TestOpenNamesTheDifferences: Open lists the differences of the Params as
+// given, not after defaults: a rate that a fixed width overrides is still
+// compared with the rate the state was written with, so that restoring
+// every value listed opens the state.
+func TestOpenNamesTheDifferences(t *testing.T) {
+	stored := Params{Capacity: 1000, PageBytes: 512, TargetFPR: 1e-9}
+	c, pager := newMem(t, stored)
+	for _, tc := range []struct {
+		configured Params
+		want       []ParamDiff
+	}{
+		{Params{Capacity: 1000, PageBytes: 512, TargetFPR: 1e-9, FingerprintBits: 16}, []ParamDiff{{ParamFingerprintBits, "0", "16"}}},
+		{Params{Capacity: 1000, PageBytes: 512, TargetFPR: 1e-8, FingerprintBits: 16}, []ParamDiff{{ParamTargetFPR, "1e-09", "1e-08"}, {ParamFingerprintBits, "0", "16"}}},
+		{Params{Capacity: 1000, PageBytes: 512, TargetFPR: 1e-9}, nil},
+	} {
+		_, err := Open(c.MarshalMeta(), tc.configured, pager)
+		var perr *ParamsError
+		switch {
+		case tc.want == nil && err != nil:
+			t.Errorf("Open with %+v: %v", tc.configured, err)
+		case tc.want != nil && (!errors.As(err, &perr) || !errors.Is(err, ErrParams) || !slices.Equal(perr.Diffs, tc.want)):
+			t.Errorf("Open with %+v: %v; want a ParamsError listing %v", tc.configured, err, tc.want)
+		}
 	}
 }
