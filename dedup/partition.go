@@ -71,7 +71,9 @@ type Options struct {
 	Filter filter.Params
 	// Staged keeps every filter change in an overlay until CommitStaged
 	// (or drops it on DiscardStaged), for exactly-once delivery, where a
-	// Kafka transaction may abort and rewind the input.
+	// Kafka transaction may abort and rewind the input. The state it
+	// commits is the one an unstaged Deduplicator commits for the same
+	// records, so Staged may change between runs over one state.
 	Staged bool
 	// MaxOccurrences is how many records of one key are forwarded before
 	// the rest are dropped, counted since the key was last deleted: 1

@@ -69,7 +69,8 @@ const maxPageBits = 20
 const tightening = 0.5
 
 // Params are the parameters of a chain. They are written in the chain
-// metadata; state written with other Params is refused (ErrParams).
+// metadata; Open refuses state written with other Params (a *ParamsError
+// listing each that differs, see Diff).
 type Params struct {
 	// TargetFPR is the false-positive rate the whole chain must stay under
 	// as it grows (default 1e-4): each new sub-filter gets a narrower share
