@@ -595,6 +595,37 @@ func (c Config) FilterParams() filter.Params {
 	}
 }
 
+// filterFields are the Config fields that set each filter parameter:
+// FilterParams' fields, and Key, which dedup stores as the key spec.
+var filterFields = map[filter.Param]string{
+	filter.ParamTargetFPR:       "TargetFPR",
+	filter.ParamFingerprintBits: "FingerprintBits",
+	filter.ParamBucketSize:      "BucketSize",
+	filter.ParamCapacity:        "Capacity",
+	filter.ParamMaxKicks:        "MaxKicks",
+	filter.ParamExpansion:       "Expansion",
+	filter.ParamPageBytes:       "PageBytes",
+	filter.ParamWindow:          "Window",
+	filter.ParamGenerations:     "WindowGenerations",
+	filter.ParamKeySpec:         "Key",
+}
+
+// FilterVariables names the variable that sets each filter parameter
+// (KDEDUP_CAPACITY for filter.ParamCapacity, KDEDUP_KEY for the key spec),
+// for an error about a state written with other values
+// (dedup.Options.ParamNames). The names come from Config's env tags.
+func FilterVariables() map[filter.Param]string {
+	vars := make(map[string]string)
+	for _, f := range describeFields() {
+		vars[f.name] = f.envVar
+	}
+	names := make(map[filter.Param]string, len(filterFields))
+	for p, field := range filterFields {
+		names[p] = vars[field]
+	}
+	return names
+}
+
 // Liveness is LIVENESS_TIMEOUT, or when it is 0 the value it derives:
 // 2*SESSION_TIMEOUT plus a minute, at least 5 minutes.
 func (c Config) Liveness() time.Duration {

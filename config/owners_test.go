@@ -2,7 +2,9 @@ package config
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -226,6 +228,68 @@ func TestChoices(t *testing.T) {
 		tc.mutate(&c)
 		if ps := problemsOf(t, c.Validate()); len(ps) != 1 || ps[0] != tc.want {
 			t.Errorf("problems %v, want %v", ps, tc.want)
+		}
+	}
+}
+
+// TestFilterVariablesNameTheParams: FilterVariables names, for each filter
+// parameter, the variable that sets it: changing that variable alone
+// changes that parameter alone (filter.Params.Diff, with the key spec as
+// dedup stores it), and the stored value the difference prints, set back
+// into the variable, restores the parameters. Every filter parameter has a
+// variable.
+func TestFilterVariablesNameTheParams(t *testing.T) {
+	params := func(env map[string]string) filter.Params {
+		t.Helper()
+		c, err := LoadFrom(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, err := dedup.ParseKey(c.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := c.FilterParams()
+		p.KeySpec = key.String()
+		return p
+	}
+	base := []string{"KDEDUP_WINDOW", "1h"} // generations need a window
+	stored := params(with(base...))
+	names := FilterVariables()
+	covered := map[filter.Param]bool{}
+	for _, tc := range []struct{ variable, value string }{
+		{"KDEDUP_TARGET_FPR", "0.001"},
+		{"KDEDUP_FINGERPRINT_BITS", "16"},
+		{"KDEDUP_BUCKET_SIZE", "8"},
+		{"KDEDUP_CAPACITY", "5000"},
+		{"KDEDUP_MAX_KICKS", "100"},
+		{"KDEDUP_EXPANSION", "4"},
+		{"KDEDUP_PAGE_BYTES", "8KiB"},
+		{"KDEDUP_WINDOW", "2h"},
+		{"KDEDUP_WINDOW_GENERATIONS", "4"},
+		{"KDEDUP_KEY", "header:id"},
+	} {
+		changed := append(slices.Clone(base), tc.variable, tc.value)
+		diffs := stored.Diff(params(with(changed...)))
+		if len(diffs) != 1 || names[diffs[0].Param] != tc.variable {
+			t.Errorf("%s=%s: differences %v; want one, of the parameter FilterVariables names %s", tc.variable, tc.value, diffs, tc.variable)
+			continue
+		}
+		covered[diffs[0].Param] = true
+		restore := diffs[0].Stored
+		if diffs[0].Param == filter.ParamKeySpec {
+			var err error
+			if restore, err = strconv.Unquote(restore); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := stored.Diff(params(with(append(changed, tc.variable, restore)...))); len(d) != 0 {
+			t.Errorf("%s=%s, the stored value printed: differences %v remain", tc.variable, restore, d)
+		}
+	}
+	for _, p := range filter.AllParams() {
+		if !covered[p] || !strings.HasPrefix(names[p], Prefix) {
+			t.Errorf("filter parameter %s: variable %q, changed by the test: %v", p, names[p], covered[p])
 		}
 	}
 }

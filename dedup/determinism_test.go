@@ -13,11 +13,16 @@ import (
 )
 
 // TestStateIsAFunctionOfInput processes one stream with different write
-// batchings, with and without staging, and with staged transactions that
-// abort and are redone (as an aborted Kafka transaction rewinds the input):
-// every run ends with byte-identical chain metadata and pages. Recovery by
-// replay depends on this: replaying the input rebuilds exactly the state a
-// worker that never stopped would hold.
+// batchings, with and without staging, with staged transactions that
+// abort and are redone (as an aborted Kafka transaction rewinds the input),
+// and with the delivery mode switched (the state reopened staged, then not)
+// twice: every run decides each record as the first run does (counting
+// the transactions that committed) and ends with byte-identical chain
+// metadata and pages.
+// Recovery by replay depends on this: replaying the input rebuilds exactly
+// the state a worker that never stopped would hold; and a state written
+// at-least-once is the state exactly-once would have written, and the
+// other way round, so KDEDUP_DELIVERY may change over a state.
 func TestStateIsAFunctionOfInput(t *testing.T) {
 	recs := scenario.Generate(scenario.Options{Keys: 20_000, Seed: 11})
 	for i, r := range recs {
@@ -29,28 +34,44 @@ func TestStateIsAFunctionOfInput(t *testing.T) {
 		staged bool
 		// next returns the size of the next batch and whether it aborts.
 		next func(rng *rand.Rand) (n int, abort bool)
+		// switches, when set, reopens the state with staged flipped after
+		// the write batch that passes each third of the stream.
+		switches bool
 	}
 	runs := []run{
-		{"write batch every 1000", false, func(*rand.Rand) (int, bool) { return 1000, false }},
-		{"write batch every 37", false, func(*rand.Rand) (int, bool) { return 37, false }},
-		{"random batches", false, func(rng *rand.Rand) (int, bool) { return 1 + rng.IntN(3000), false }},
-		{"staged, a third of transactions abort", true, func(rng *rand.Rand) (int, bool) { return 1 + rng.IntN(2000), rng.IntN(3) == 0 }},
+		{"write batch every 1000", false, func(*rand.Rand) (int, bool) { return 1000, false }, false},
+		{"write batch every 37", false, func(*rand.Rand) (int, bool) { return 37, false }, false},
+		{"random batches", false, func(rng *rand.Rand) (int, bool) { return 1 + rng.IntN(3000), false }, false},
+		{"staged, a third of transactions abort", true, func(rng *rand.Rand) (int, bool) { return 1 + rng.IntN(2000), rng.IntN(3) == 0 }, false},
+		{"at-least-once, exactly-once, at-least-once", false, func(rng *rand.Rand) (int, bool) { return 1 + rng.IntN(2000), rng.IntN(3) == 0 }, true},
 	}
 	var wantMeta []byte
 	var wantPages map[filter.PageID][]byte
+	var wantDecided []Decision
 	for _, rn := range runs {
 		t.Run(rn.name, func(t *testing.T) {
 			db := openDB(t, "", store.Options{PageBytes: 1024, CacheBytes: 64 << 10, FlushBytes: 4 << 20})
 			// One seed for every run: state is a function of the seed and
 			// the input (a new partition draws a secret one).
-			p := openPartition(t, db, "in", 0, Options{Filter: fp, Staged: rn.staged, HashSeed: filter.Seed{K0: 11, K1: 12}}, nil)
-			defer p.Close()
+			staged := rn.staged
+			p := openPartition(t, db, "in", 0, Options{Filter: fp, Staged: staged, HashSeed: filter.Seed{K0: 11, K1: 12}}, nil)
+			defer func() { p.Close() }()
 			rng := rand.New(rand.NewPCG(5, uint64(len(rn.name))))
-			aborts := 0
+			aborts, switched := 0, 0
+			var decided []Decision // of the transactions that committed
 			for i := 0; i < len(recs); {
+				if rn.switches && i >= (switched+1)*len(recs)/3 && switched < 2 {
+					// A restart with the other KDEDUP_DELIVERY: at least
+					// once nothing is staged, so aborts are for the staged.
+					p.Close()
+					staged = !staged
+					switched++
+					p = openPartition(t, db, "in", 0, Options{Filter: fp, Staged: staged}, nil)
+				}
 				n, abort := rn.next(rng)
+				abort = abort && staged
 				batch := recs[i:min(i+n, len(recs))]
-				decideAll(t, p, batch)
+				ds := decideAll(t, p, batch)
 				if abort {
 					aborts++
 					if err := p.DiscardStaged(); err != nil {
@@ -62,18 +83,30 @@ func TestStateIsAFunctionOfInput(t *testing.T) {
 					t.Fatal(err)
 				}
 				i += len(batch)
+				decided = append(decided, ds...)
 				if err := p.Commit(store.Checkpoint{Offset: int64(i)}); err != nil {
 					t.Fatal(err)
 				}
 			}
 			meta, pages := snapshot(t, p)
 			t.Logf("%d sub-filters, %d pages, %d aborted transactions", len(p.chain.SubFilters()), len(pages), aborts)
-			if rn.staged && aborts == 0 {
+			if (rn.staged || rn.switches) && aborts == 0 {
 				t.Fatal("no transaction aborted")
 			}
+			if rn.switches && switched != 2 {
+				t.Fatalf("delivery switched %d times, want 2", switched)
+			}
 			if wantMeta == nil {
-				wantMeta, wantPages = meta, pages
+				wantMeta, wantPages, wantDecided = meta, pages, decided
 				return
+			}
+			if len(decided) != len(wantDecided) {
+				t.Fatalf("%d decisions, first run %d", len(decided), len(wantDecided))
+			}
+			for off, d := range decided {
+				if d != wantDecided[off] {
+					t.Fatalf("offset %d decided %v, %v in the first run", off, d, wantDecided[off])
+				}
 			}
 			if !bytes.Equal(meta, wantMeta) {
 				t.Fatal("chain metadata differs from the first run's")
@@ -90,13 +123,17 @@ func TestStateIsAFunctionOfInput(t *testing.T) {
 	}
 }
 
-func decideAll(t *testing.T, p *Deduplicator, recs []*kgo.Record) {
+func decideAll(t *testing.T, p *Deduplicator, recs []*kgo.Record) []Decision {
 	t.Helper()
-	for _, r := range recs {
-		if _, err := p.Decide(r); err != nil {
+	ds := make([]Decision, len(recs))
+	for i, r := range recs {
+		d, err := p.Decide(r)
+		if err != nil {
 			t.Fatal(err)
 		}
+		ds[i] = d
 	}
+	return ds
 }
 
 // snapshot returns the committed metadata and every page of the chain as

@@ -251,6 +251,72 @@ func TestOccurrenceLimitChanged(t *testing.T) {
 	d.expect(Duplicate, put, "a", "b")
 }
 
+// TestOccurrenceLimitChangedAgainstModel: KDEDUP_MAX_OCCURRENCES changes
+// between runs over one state, and every decision is the exact model's
+// under the limit of the run: the model counts, per key, the records
+// forwarded since its last delete whatever limit forwarded them, which is
+// what the state holds (one copy per forwarded record), and a run forwards
+// a key's record while that count is under its limit (with limit 1 a
+// record over it is a Duplicate). Each run reopens the committed state
+// with the next limit, raised and lowered, staged or not.
+func TestOccurrenceLimitChangedAgainstModel(t *testing.T) {
+	const (
+		perRun    = 6_000
+		keySpace  = 600
+		topic     = "orders"
+		partition = 4
+	)
+	limits := []int{3, 1, 8, 2, 5, 1, 4}
+	db := openDB(t, "", store.Options{})
+	rng := rand.New(rand.NewPCG(3, 4))
+	m := newLimitModel(0)
+	seen := map[Decision]int{}
+	for run, limit := range limits {
+		opts := Options{Filter: smallChain, MaxOccurrences: limit, Staged: run%2 == 1}
+		p := openPartition(t, db, topic, partition, opts, nil)
+		m.limit = limit
+		for i := range perRun {
+			off := run*perRun + i
+			kind := put
+			if rng.IntN(100) < 3 {
+				kind = tombstone
+			}
+			key := fmt.Sprintf("user-%d", rng.IntN(keySpace))
+			r := keyModes["key"].render(kind, key)
+			r.Topic, r.Partition, r.Offset = topic, partition, int64(off)
+			before := m.count[key]
+			want := m.decide(kind, key)
+			if want == OverLimit && limit == 1 {
+				want = Duplicate
+			}
+			got, err := p.Decide(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Fatalf("run %d (limit %d) offset %d: key %q forwarded %d times since its delete: Decide = %v, model says %v", run, limit, off, key, before, got, want)
+			}
+			seen[got]++
+		}
+		if err := p.CommitStaged(); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Commit(store.Checkpoint{Offset: int64((run + 1) * perRun)}); err != nil {
+			t.Fatal(err)
+		}
+		if st := p.Stats(); st.Items != uint64(m.copies()) {
+			t.Fatalf("after run %d: filter holds %d fingerprints, model %d copies", run, st.Items, m.copies())
+		}
+		p.Close()
+	}
+	for _, d := range []Decision{Forward, Duplicate, OverLimit, Delete} {
+		if seen[d] == 0 {
+			t.Errorf("no record decided %v: the runs do not cover every decision", d)
+		}
+	}
+	t.Logf("decisions over %d runs: %v", len(limits), seen)
+}
+
 func TestOpenRefusesMaxOccurrences(t *testing.T) {
 	for _, tc := range []struct {
 		limit, bucket int

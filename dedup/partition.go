@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -70,7 +71,9 @@ type Options struct {
 	Filter filter.Params
 	// Staged keeps every filter change in an overlay until CommitStaged
 	// (or drops it on DiscardStaged), for exactly-once delivery, where a
-	// Kafka transaction may abort and rewind the input.
+	// Kafka transaction may abort and rewind the input. The state it
+	// commits is the one an unstaged Deduplicator commits for the same
+	// records, so Staged may change between runs over one state.
 	Staged bool
 	// MaxOccurrences is how many records of one key are forwarded before
 	// the rest are dropped, counted since the key was last deleted: 1
@@ -95,6 +98,12 @@ type Options struct {
 	// (filter.New), so that keys colliding in the filter cannot be computed
 	// from outside; stored state keeps the seed it was created with.
 	HashSeed filter.Seed
+	// ParamNames are the names the operator sets each filter parameter by
+	// (Filter's fields, and Key as filter.ParamKeySpec), for the error
+	// Open returns when a state was written with other values; internal/app
+	// passes the KDEDUP_* variables. A parameter without a name (default:
+	// all) is named as package filter names it ("capacity").
+	ParamNames map[filter.Param]string
 	// Refresh, with a dedup window (Filter.Window), re-remembers a key each
 	// time one of its records is dropped (sliding expiry, like Flink's
 	// state TTL updated on read and write, or Vector's dedupe refresh): the
@@ -156,12 +165,35 @@ type tally struct {
 	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full int
 }
 
+// paramsError is the error Open returns for a state written with other
+// filter parameters: each that differs by its name in ParamNames, with the
+// stored and the configured value, and the two ways out.
+func (o Options) paramsError(perr *filter.ParamsError) error {
+	diffs := make([]string, len(perr.Diffs))
+	for i, d := range perr.Diffs {
+		name, ok := o.ParamNames[d.Param]
+		if !ok {
+			name = string(d.Param)
+		}
+		diffs[i] = fmt.Sprintf("%s stored %s, configured %s", name, d.Stored, d.Configured)
+	}
+	values := "value"
+	if len(diffs) > 1 {
+		values = "values"
+	}
+	return fmt.Errorf("%w: %s (restore the stored %s, or move the data directory aside to rebuild the state by replay under the configured %s)",
+		filter.ErrParams, strings.Join(diffs, "; "), values, values)
+}
+
 // Open opens the state of topic/partition in db, or starts an empty filter
 // when there is none. It returns filter.ErrParams (wrapped) when the stored
-// state was written with other filter parameters, another dedup key spec
+// state was written with other filter parameters or another dedup key spec
 // (opts.Key, stored in the chain metadata: the fingerprints of keys derived
-// one way match nothing derived another) or another format version, and
-// store or filter corruption errors as they are: state is never wiped.
+// one way match nothing derived another), naming each that differs by
+// opts.ParamNames with its stored and configured values, or with another
+// format version, and store or filter corruption errors as they are: state
+// is never wiped. Every partition state a Deduplicator uses is opened here,
+// so no state decides records under parameters it was not written with.
 // It returns ErrOptions (wrapped) when opts are out of range.
 // m may be shared by every Deduplicator of the process; nil means unregistered
 // metrics.
@@ -187,15 +219,11 @@ func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics)
 	case len(meta) == 0:
 		chain, err = filter.New(opts.Filter, pager)
 	default:
-		// The key spec first, by the variable's name: it is the parameter
-		// an operator changes on purpose. Undecodable metadata is left to
-		// filter.Open to report.
-		if stored, derr := filter.DecodeMeta(meta); derr == nil && stored.Params.KeySpec != opts.Filter.KeySpec {
-			err = fmt.Errorf("%w: dedup key KDEDUP_KEY stored %q, configured %q (move the data directory aside to rebuild the state with the new key)",
-				filter.ErrParams, stored.Params.KeySpec, opts.Filter.KeySpec)
-			break
-		}
 		chain, err = filter.Open(meta, opts.Filter, pager)
+		var perr *filter.ParamsError
+		if errors.As(err, &perr) {
+			err = opts.paramsError(perr)
+		}
 	}
 	if err != nil {
 		st.Close()

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
@@ -341,41 +342,92 @@ func TestCommitAndReopen(t *testing.T) {
 	})
 }
 
+// mustKey parses a key spec.
+func mustKey(t *testing.T, spec string) Key {
+	t.Helper()
+	k, err := ParseKey(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// testParamNames names every filter parameter as internal/app names it by
+// its variable, spelled differently so that the test sees the names come
+// from Options.ParamNames.
+var testParamNames = func() map[filter.Param]string {
+	names := map[filter.Param]string{}
+	for _, p := range filter.AllParams() {
+		names[p] = "VAR_" + strings.ToUpper(string(p))
+	}
+	return names
+}()
+
+// TestOpenRefusesOtherParams: a state written with other filter parameters
+// or another key spec is refused, for each parameter, naming it by
+// Options.ParamNames (its variable) with the stored and the configured
+// value, and the two ways out; the refused Open leaves the state as it
+// was. Parameters the state does not depend on, and defaults spelled out,
+// open it. Without ParamNames the parameters are named as package filter
+// names them.
 func TestOpenRefusesOtherParams(t *testing.T) {
-	for _, tc := range []struct {
-		name                       string
-		stored, configured         filter.Params
-		wantStored, wantConfigured string // "" means Open succeeds
-	}{
-		{
-			name:       "fingerprint bits",
-			stored:     filter.Params{FingerprintBits: 16, Capacity: 1024},
-			configured: filter.Params{FingerprintBits: 32, Capacity: 1024},
-			wantStored: "fingerprint_bits=16", wantConfigured: "fingerprint_bits=32",
-		},
-		{
-			name:       "bucket size",
-			stored:     filter.Params{BucketSize: 4, Capacity: 1024},
-			configured: filter.Params{BucketSize: 2, Capacity: 1024},
-			wantStored: "bucket_size=4", wantConfigured: "bucket_size=2",
-		},
-		{
-			name:       "capacity",
-			stored:     filter.Params{Capacity: 1024},
-			configured: filter.Params{Capacity: 2048},
-			wantStored: "capacity=1024", wantConfigured: "capacity=2048",
-		},
+	type refusalCase struct {
+		name               string
+		stored, configured filter.Params
+		storedKey, key     string                  // "" is the record key
+		names              map[filter.Param]string // default testParamNames
+		want               string                  // "" means Open succeeds
+	}
+	windowed := filter.Params{Capacity: 1024, Window: time.Hour}
+	cases := []refusalCase{
+		{name: "target rate", stored: filter.Params{Capacity: 1024}, configured: filter.Params{Capacity: 1024, TargetFPR: 1e-3},
+			want: "VAR_TARGET_FPR stored 0.0001, configured 0.001"},
+		{name: "fingerprint bits", stored: filter.Params{FingerprintBits: 16, Capacity: 1024}, configured: filter.Params{FingerprintBits: 32, Capacity: 1024},
+			want: "VAR_FINGERPRINT_BITS stored 16, configured 32"},
+		{name: "bucket size", stored: filter.Params{BucketSize: 4, Capacity: 1024}, configured: filter.Params{BucketSize: 2, Capacity: 1024},
+			want: "VAR_BUCKET_SIZE stored 4, configured 2"},
+		{name: "capacity", stored: filter.Params{Capacity: 1024}, configured: filter.Params{Capacity: 2048},
+			want: "VAR_CAPACITY stored 1024, configured 2048"},
+		{name: "max kicks", stored: filter.Params{Capacity: 1024}, configured: filter.Params{Capacity: 1024, MaxKicks: 100},
+			want: "VAR_MAX_KICKS stored 500, configured 100"},
+		{name: "expansion", stored: filter.Params{Capacity: 1024}, configured: filter.Params{Capacity: 1024, Expansion: 1},
+			want: "VAR_EXPANSION stored 2, configured 1"},
+		{name: "page bytes", stored: filter.Params{Capacity: 1024}, configured: filter.Params{Capacity: 1024, PageBytes: 8192},
+			want: "VAR_PAGE_BYTES stored 4096, configured 8192"},
+		{name: "window", stored: windowed, configured: filter.Params{Capacity: 1024, Window: 2 * time.Hour},
+			want: "VAR_WINDOW stored 1h0m0s, configured 2h0m0s"},
+		{name: "generations", stored: windowed, configured: filter.Params{Capacity: 1024, Window: time.Hour, Generations: 4},
+			want: "VAR_GENERATIONS stored 8, configured 4"},
+		{name: "key", stored: filter.Params{Capacity: 1024}, configured: filter.Params{Capacity: 1024}, key: "header:x-id",
+			want: `VAR_KEY stored "key", configured "header:x-id"`},
+		{name: "two at once", stored: filter.Params{Capacity: 1024}, configured: filter.Params{Capacity: 2048, PageBytes: 8192},
+			want: "VAR_CAPACITY stored 1024, configured 2048; VAR_PAGE_BYTES stored 4096, configured 8192 (restore the stored values, or move the data directory aside to rebuild the state by replay under the configured values)"},
+		{name: "unnamed", stored: filter.Params{Capacity: 1024}, configured: filter.Params{Capacity: 2048}, names: map[filter.Param]string{},
+			want: "capacity stored 1024, configured 2048 (restore the stored value, or move the data directory aside to rebuild the state by replay under the configured value)"},
 		{
 			name:       "defaults spelled out",
 			stored:     filter.Params{Capacity: 1024},
 			configured: filter.Params{TargetFPR: 1e-4, BucketSize: 4, Capacity: 1024, MaxKicks: 500, Expansion: 2, PageBytes: 4096},
 		},
-	} {
+		{name: "rate beside fixed widths", stored: filter.Params{FingerprintBits: 16, Capacity: 1024}, configured: filter.Params{FingerprintBits: 16, Capacity: 1024, TargetFPR: 0.01}},
+		{name: "generations without a window", stored: filter.Params{Capacity: 1024}, configured: filter.Params{Capacity: 1024, Generations: 4}},
+	}
+	for _, p := range filter.AllParams() {
+		if !slices.ContainsFunc(cases, func(c refusalCase) bool { return strings.HasPrefix(c.want, testParamNames[p]+" stored") }) {
+			t.Errorf("no case changes %s", p)
+		}
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			const topic, partition = "orders", 3
+			names := tc.names
+			if names == nil {
+				names = testParamNames
+			}
+			storedOpts := Options{Filter: tc.stored, ParamNames: names}
 			db := openDB(t, "", store.Options{})
 			m := NewMetrics(prometheus.NewRegistry())
-			p := openPartition(t, db, topic, partition, Options{Filter: tc.stored}, m)
+			p := openPartition(t, db, topic, partition, storedOpts, m)
 			d := &decider{t: t, p: p}
 			d.expect(Forward, put, "a", "b")
 			if err := p.Commit(store.Checkpoint{Offset: d.off}); err != nil {
@@ -383,8 +435,8 @@ func TestOpenRefusesOtherParams(t *testing.T) {
 			}
 			p.Close()
 
-			p, err := Open(db, topic, partition, Options{Filter: tc.configured}, m)
-			if tc.wantStored == "" {
+			p, err := Open(db, topic, partition, Options{Filter: tc.configured, Key: mustKey(t, tc.key), ParamNames: names}, m)
+			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("Open with %s over state of %s: %v", tc.configured, tc.stored, err)
 				}
@@ -400,17 +452,16 @@ func TestOpenRefusesOtherParams(t *testing.T) {
 			if !errors.Is(err, filter.ErrParams) || !IsStateError(err) {
 				t.Errorf("Open: %v; want filter.ErrParams, a state error", err)
 			}
-			msg := err.Error()
-			stored, configured, ok := strings.Cut(msg, "configured")
-			if !ok || !strings.Contains(stored, tc.wantStored) || !strings.Contains(configured, tc.wantConfigured) {
-				t.Errorf("Open: %q; want stored %s and configured %s", msg, tc.wantStored, tc.wantConfigured)
+			want := "opening filter of orders/3: " + filter.ErrParams.Error() + ": " + tc.want
+			if !strings.Contains(tc.want, "(restore") {
+				want += " (restore the stored value, or move the data directory aside to rebuild the state by replay under the configured value)"
 			}
-			if !strings.Contains(msg, "orders/3") {
-				t.Errorf("Open: %q does not name the topic-partition", msg)
+			if err.Error() != want {
+				t.Errorf("Open: %q\nwant    %q", err, want)
 			}
 			// The refused Open released the state: it opens again with the
 			// stored parameters, unchanged.
-			p = openPartition(t, db, topic, partition, Options{Filter: tc.stored}, m)
+			p = openPartition(t, db, topic, partition, storedOpts, m)
 			defer p.Close()
 			d = &decider{t: t, p: p, off: 2}
 			d.expect(Duplicate, put, "a", "b")
@@ -659,13 +710,6 @@ func TestDecideHostileJSON(t *testing.T) {
 // another, naming the variable and both values, as changed filter
 // parameters are; the same spec, however spelled, opens it.
 func TestOpenRefusesOtherKey(t *testing.T) {
-	mustKey := func(spec string) Key {
-		k, err := ParseKey(spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
 	for _, tc := range []struct {
 		stored, configured string
 		refused            bool
@@ -679,7 +723,7 @@ func TestOpenRefusesOtherKey(t *testing.T) {
 		t.Run(tc.stored+" then "+tc.configured, func(t *testing.T) {
 			const topic, partition = "orders", 3
 			db := openDB(t, "", store.Options{})
-			p := openPartition(t, db, topic, partition, Options{Key: mustKey(tc.stored), Filter: smallChain}, nil)
+			p := openPartition(t, db, topic, partition, Options{Key: mustKey(t, tc.stored), Filter: smallChain}, nil)
 			if _, err := p.Decide(&kgo.Record{Key: []byte("k"), Value: []byte(`{"id":"k","user":{"id":"k"}}`), Headers: []kgo.RecordHeader{{Key: "x-id", Value: []byte("k")}}}); err != nil {
 				t.Fatal(err)
 			}
@@ -688,11 +732,11 @@ func TestOpenRefusesOtherKey(t *testing.T) {
 			}
 			p.Close()
 			m, err := filter.DecodeMeta(p.state.Meta())
-			if err != nil || m.Params.KeySpec != mustKey(tc.stored).String() {
-				t.Fatalf("stored key spec %q, %v; want %q", m.Params.KeySpec, err, mustKey(tc.stored).String())
+			if err != nil || m.Params.KeySpec != mustKey(t, tc.stored).String() {
+				t.Fatalf("stored key spec %q, %v; want %q", m.Params.KeySpec, err, mustKey(t, tc.stored).String())
 			}
 
-			p, err = Open(db, topic, partition, Options{Key: mustKey(tc.configured), Filter: smallChain}, nil)
+			p, err = Open(db, topic, partition, Options{Key: mustKey(t, tc.configured), Filter: smallChain, ParamNames: testParamNames}, nil)
 			if !tc.refused {
 				if err != nil {
 					t.Fatalf("Open with the same key: %v", err)
@@ -704,7 +748,7 @@ func TestOpenRefusesOtherKey(t *testing.T) {
 				p.Close()
 				t.Fatal("Open with another key succeeded")
 			}
-			want := fmt.Sprintf("dedup key KDEDUP_KEY stored %q, configured %q", mustKey(tc.stored).String(), mustKey(tc.configured).String())
+			want := fmt.Sprintf("VAR_KEY stored %q, configured %q", mustKey(t, tc.stored).String(), mustKey(t, tc.configured).String())
 			if !errors.Is(err, filter.ErrParams) || !IsStateError(err) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "orders/3") {
 				t.Fatalf("Open: %v; want filter.ErrParams naming orders/3 and saying %q", err, want)
 			}

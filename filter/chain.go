@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/dchest/siphash"
 )
@@ -26,6 +27,34 @@ var (
 	// version, hash or Params.
 	ErrParams = errors.New("filter: stored state was written with other parameters")
 )
+
+// ParamsError is the error Open returns for a state written with other
+// Params than configured; errors.Is(err, ErrParams) holds. Callers that
+// set Params from their own configuration name each Param their own way
+// from Diffs (package dedup names the KDEDUP_* variables).
+type ParamsError struct {
+	// Diffs are the parameters that differ (Params.Diff), never empty.
+	Diffs []ParamDiff
+}
+
+// Error lists the differences: "filter: stored state was written with
+// other parameters: capacity stored 1000000, configured 2000000".
+func (e *ParamsError) Error() string {
+	var b strings.Builder
+	b.WriteString(ErrParams.Error())
+	for i, d := range e.Diffs {
+		if i == 0 {
+			b.WriteString(": ")
+		} else {
+			b.WriteString("; ")
+		}
+		b.WriteString(d.String())
+	}
+	return b.String()
+}
+
+// Unwrap returns ErrParams.
+func (e *ParamsError) Unwrap() error { return ErrParams }
 
 // SubFilter describes one sub-filter of a chain.
 type SubFilter struct {
@@ -134,16 +163,18 @@ func NewWithSeed(p Params, seed Seed, pager Pager) (*Chain, error) {
 }
 
 // Open returns the chain described by meta (as written by MarshalMeta), over
-// pager, with the hash seed meta holds. It returns ErrParams, naming the
-// stored and the configured values, when meta was written with another
-// format version, hash or Params than p (after defaults): a chain's layout
-// depends on all of them, and recovery relies on state being a function of
-// the seed, input and Params. A nil or empty meta is a new chain with a new
-// secret seed, as New.
+// pager, with the hash seed meta holds. It returns ErrParams when meta was
+// written with another format version or hash (wrapped, naming both), or
+// with other Params than p (after defaults: a *ParamsError listing each
+// parameter that differs, with its stored and configured values): a chain's
+// layout depends on all of them, and recovery relies on state being a
+// function of the seed, input and Params. A nil or empty meta is a new
+// chain with a new secret seed, as New.
 func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
 	if len(meta) == 0 {
 		return New(p, pager)
 	}
+	configured := p // as given: Diff names the rate a fixed width overrides
 	p = p.WithDefaults()
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -153,7 +184,7 @@ func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
 		return nil, err
 	}
 	if m.Params != p {
-		return nil, fmt.Errorf("%w: stored %s, configured %s", ErrParams, m.Params, p)
+		return nil, &ParamsError{Diffs: m.Params.Diff(configured)}
 	}
 	c := newChain(p, m.Seed, pager)
 	c.subs = m.SubFilters

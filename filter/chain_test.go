@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -392,8 +393,12 @@ func TestMetaRoundTripAndOpen(t *testing.T) {
 	}
 
 	_, err = Open(meta, Params{Capacity: 2048, PageBytes: 512, FingerprintBits: 32}, pager)
-	if !errors.Is(err, ErrParams) || !strings.Contains(err.Error(), "stored target_fpr=0 fingerprint_bits=16") || !strings.Contains(err.Error(), "configured target_fpr=0 fingerprint_bits=32") {
+	var perr *ParamsError
+	if !errors.Is(err, ErrParams) || !errors.As(err, &perr) || err.Error() != ErrParams.Error()+": fingerprint_bits stored 16, configured 32" {
 		t.Fatalf("Open with other params: %v", err)
+	}
+	if want := []ParamDiff{{ParamFingerprintBits, "16", "32"}}; !slices.Equal(perr.Diffs, want) {
+		t.Fatalf("Open with other params: differences %v, want %v", perr.Diffs, want)
 	}
 	// The key spec is stored with the other parameters.
 	keyed := Params{FingerprintBits: 16, Capacity: 2048, PageBytes: 512, KeySpec: "json:user.id"}
@@ -405,7 +410,7 @@ func TestMetaRoundTripAndOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Open(kc.MarshalMeta(), p, kpager)
-	if !errors.Is(err, ErrParams) || !strings.Contains(err.Error(), `key="json:user.id", configured`) || !strings.HasSuffix(err.Error(), `key=""`) {
+	if !errors.Is(err, ErrParams) || !strings.HasSuffix(err.Error(), `: key stored "json:user.id", configured ""`) {
 		t.Fatalf("Open with another key spec: %v", err)
 	}
 	// Format 4 (unkeyed hash 1, a key could have one bucket) and any other

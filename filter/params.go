@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -67,7 +69,8 @@ const maxPageBits = 20
 const tightening = 0.5
 
 // Params are the parameters of a chain. They are written in the chain
-// metadata; state written with other Params is refused (ErrParams).
+// metadata; Open refuses state written with other Params (a *ParamsError
+// listing each that differs, see Diff).
 type Params struct {
 	// TargetFPR is the false-positive rate the whole chain must stay under
 	// as it grows (default 1e-4): each new sub-filter gets a narrower share
@@ -213,10 +216,112 @@ func (p Params) MaxCapacity() uint64 {
 	return perPage << maxPageBits
 }
 
-// String formats p as the stored-versus-configured comparisons print it.
+// String formats p as name=value pairs, one per Param in AllParams order.
 func (p Params) String() string {
-	return fmt.Sprintf("target_fpr=%g fingerprint_bits=%d bucket_size=%d capacity=%d max_kicks=%d expansion=%d page_bytes=%d window=%s generations=%d key=%q",
-		p.TargetFPR, p.FingerprintBits, p.BucketSize, p.Capacity, p.MaxKicks, p.Expansion, p.PageBytes, p.Window, p.Generations, p.KeySpec)
+	var b strings.Builder
+	for i, f := range p.values() {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%s", f.param, f.value)
+	}
+	return b.String()
+}
+
+// Param names one field of Params, as String and Diff print it. The
+// caller that sets a field from its own configuration names it its own
+// way (kdedup maps each to its KDEDUP_* variable).
+type Param string
+
+// The fields of Params.
+const (
+	ParamTargetFPR       Param = "target_fpr"
+	ParamFingerprintBits Param = "fingerprint_bits"
+	ParamBucketSize      Param = "bucket_size"
+	ParamCapacity        Param = "capacity"
+	ParamMaxKicks        Param = "max_kicks"
+	ParamExpansion       Param = "expansion"
+	ParamPageBytes       Param = "page_bytes"
+	ParamWindow          Param = "window"
+	ParamGenerations     Param = "generations"
+	ParamKeySpec         Param = "key"
+)
+
+// AllParams returns every Param, in the order of Params' fields: what a
+// caller naming them must cover.
+func AllParams() []Param {
+	return []Param{ParamTargetFPR, ParamFingerprintBits, ParamBucketSize, ParamCapacity, ParamMaxKicks,
+		ParamExpansion, ParamPageBytes, ParamWindow, ParamGenerations, ParamKeySpec}
+}
+
+// paramValue is one field of Params, formatted.
+type paramValue struct {
+	param Param
+	value string
+}
+
+// values formats every field of p in AllParams order: numbers in decimal
+// (%g for the rate), the window as a time.Duration, the key spec quoted.
+func (p Params) values() []paramValue {
+	return []paramValue{
+		{ParamTargetFPR, fmt.Sprintf("%g", p.TargetFPR)},
+		{ParamFingerprintBits, strconv.Itoa(p.FingerprintBits)},
+		{ParamBucketSize, strconv.Itoa(p.BucketSize)},
+		{ParamCapacity, strconv.FormatUint(p.Capacity, 10)},
+		{ParamMaxKicks, strconv.Itoa(p.MaxKicks)},
+		{ParamExpansion, strconv.Itoa(p.Expansion)},
+		{ParamPageBytes, strconv.Itoa(p.PageBytes)},
+		{ParamWindow, p.Window.String()},
+		{ParamGenerations, strconv.Itoa(p.Generations)},
+		{ParamKeySpec, strconv.Quote(p.KeySpec)},
+	}
+}
+
+// ParamDiff is one parameter whose stored value differs from the
+// configured one, both formatted as String formats them.
+type ParamDiff struct {
+	Param              Param
+	Stored, Configured string
+}
+
+// String formats d as "capacity stored 1000000, configured 2000000".
+func (d ParamDiff) String() string {
+	return fmt.Sprintf("%s stored %s, configured %s", d.Param, d.Stored, d.Configured)
+}
+
+// Diff returns the parameters in which p, the Params a state was written
+// with, differs from configured, in AllParams order: empty exactly when a
+// state written with p opens with configured (p.WithDefaults() ==
+// configured.WithDefaults()). Both are compared after defaults, and a
+// field the state does not depend on is left out, so that each difference
+// listed is one to restore: TargetFPR only when p derives widths from it
+// (FingerprintBits 0), configured as given (or its default) even when
+// configured fixes FingerprintBits; Generations only when both have a
+// Window.
+func (p Params) Diff(configured Params) []ParamDiff {
+	p = p.WithDefaults()
+	c := configured.WithDefaults()
+	switch {
+	case p.FingerprintBits != 0:
+		c.TargetFPR = p.TargetFPR // ignored by the state: FingerprintBits tells
+	case configured.TargetFPR != 0:
+		// WithDefaults drops TargetFPR with FingerprintBits set; the state
+		// needs the rate it was written with whatever replaces it.
+		c.TargetFPR = configured.TargetFPR
+	default:
+		c.TargetFPR = DefaultTargetFPR
+	}
+	if p.Window == 0 || c.Window == 0 {
+		c.Generations = p.Generations // Window differs, or neither has one
+	}
+	var diffs []ParamDiff
+	stored, conf := p.values(), c.values()
+	for i := range stored {
+		if stored[i] != conf[i] {
+			diffs = append(diffs, ParamDiff{Param: stored[i].param, Stored: stored[i].value, Configured: conf[i].value})
+		}
+	}
+	return diffs
 }
 
 // The generation arithmetic of a window: the chain, the rebuild planning of

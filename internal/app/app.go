@@ -279,6 +279,7 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 		Refresh:        cfg.WindowRefresh,
 		Staged:         cfg.Delivery == consumer.ExactlyOnce,
 		Filter:         cfg.FilterParams(),
+		ParamNames:     config.FilterVariables(),
 	}, nil
 }
 
