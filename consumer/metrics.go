@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 		replaySeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_replay_duration_seconds",
 			Help: "Time from assignment to the end of a partition's replay.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}),
 		partialRebuilds: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_partial_rebuilds_total",
-			Help: "Replays that could not start where they had to because the input was no longer retained."}),
+			Help: "Replays that could not read all the input they needed because it was no longer retained (deleted before the replay started or while it ran), once per replay."}),
 		produceErrors: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_produce_errors_total",
 			Help: "Produce attempts the output, duplicates or dead-letter topic did not acknowledge (a record refused by the broker is produced again alone, then dead-lettered; other errors stop the worker at least once and abort the transaction exactly once)."}),
 		batches: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_write_batches_total", Help: "Write batches committed to Badger."}),
