@@ -278,16 +278,18 @@ func (pw *partitionWorker) skipLost(ctx context.Context, cl *kgo.Client, adm *ka
 	if err == nil {
 		end, err = pw.listedOffset(ctx, adm.ListEndOffsets)
 	}
+	wait := restoreIdle / 10 // not a busy loop of fetches answered out of range
 	switch {
 	case err == nil && end <= cp.Offset:
 		w.log.Warn("the input ends before the group's offset; replay ends at the end of the log", "topic", pw.topic, "partition", pw.partition, "log_end", end, "group_offset", until)
 		return cp, true, false
 	case err != nil && ctx.Err() == nil:
 		w.log.Warn("restore fetch out of range, and the partition's offsets could not be listed; retrying", "topic", pw.topic, "partition", pw.partition, "offset", cp.Offset, "err", err)
+		wait = restoreIdle
 	}
-	select { // not a busy loop of fetches answered out of range
+	select {
 	case <-ctx.Done():
-	case <-time.After(restoreIdle / 10):
+	case <-time.After(wait):
 	}
 	// The client's position can be past cp, over the records an aborted
 	// transaction left (read_committed skips them): go on from cp.
