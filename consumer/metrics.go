@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 		replaySeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_replay_duration_seconds",
 			Help: "Time from assignment to the end of a partition's replay.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}),
 		partialRebuilds: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_partial_rebuilds_total",
-			Help: "Replays that could not start where they had to because the input was no longer retained."}),
+			Help: "Replays that could not read all the input they needed because it was no longer retained (deleted before the replay started or while it ran), once per replay."}),
 		retentionSkipped: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_retention_skipped_offsets_total",
 			Help: "Input offsets a partition had to decide but retention deleted first (its committed offset or checkpoint was below the log start): it resumed at the log start; those records were neither forwarded nor remembered."}),
 		produceErrors: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_produce_errors_total",

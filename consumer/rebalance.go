@@ -153,7 +153,9 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 	if lsErr != nil {
 		return o, lsErr // the replay's start is unknown
 	}
+	partial := false
 	if logStart > from {
+		partial = true
 		w.m.partialRebuilds.Inc()
 		w.log.Warn("replay is partial: the input before the earliest retained offset is gone, so keys first seen there are not in the filter and deletes there are not applied",
 			"topic", topic, "partition", p, "lost_from", from, "lost_to", min(logStart, group))
@@ -163,7 +165,7 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 		// The group client starts at the group's offset (o, unchanged)
 		// but fetches nothing until the replay has caught up.
 		cl.PauseFetchPartitions(map[string][]int32{topic: {p}})
-		pw.startReplay(cl, from, group)
+		pw.startReplay(cl, from, group, partial)
 	}
 	return w.clampGroup(pw, o, logStart), nil
 }

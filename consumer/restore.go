@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kslog"
 
@@ -29,6 +30,11 @@ import (
 // offset far behind what was forwarded, and it forwards the gap again.
 // Here the replay's progress is the Badger checkpoint only; the group's
 // offset stays where it was until the partition decides records again.
+//
+// Input that retention (or DeleteRecords) removes before the replay reads
+// it makes the rebuild partial, whether the plan saw it gone (rebalance.go
+// plan) or the restore client meets it (skipLost): the lost offsets are
+// logged at WARN and the replay counts once in kdedup_partial_rebuilds_total.
 
 // restoreIdle is how long a restore poll waits for records before the
 // restore asks whether it has reached the end of the partition's log.
@@ -36,9 +42,12 @@ const restoreIdle = time.Second
 
 // startReplay makes the partition replay [from, until) with a restore
 // client, then resume in the group client cl, where adjustOffsets has paused
-// it. It runs on the group client's goroutine (adjustOffsets), before any
-// record of the partition is fetched.
-func (pw *partitionWorker) startReplay(cl *kgo.Client, from, until int64) {
+// it. partial tells that the plan already found input before from deleted
+// and counted the replay as a partial rebuild: input found deleted while
+// the replay runs is then logged but not counted again. It runs on the
+// group client's goroutine (adjustOffsets), before any record of the
+// partition is fetched.
+func (pw *partitionWorker) startReplay(cl *kgo.Client, from, until int64, partial bool) {
 	pw.replayMu.Lock()
 	pw.replay = replayState{from: from, until: until, start: time.Now(), logged: time.Now()}
 	pw.replayMu.Unlock()
@@ -53,7 +62,7 @@ func (pw *partitionWorker) startReplay(cl *kgo.Client, from, until int64) {
 	pw.replayMu.Lock()
 	pw.cancelRestore, pw.restoreDone = cancel, done
 	pw.replayMu.Unlock()
-	go pw.restore(ctx, cancel, done, cl, from, until)
+	go pw.restore(ctx, cancel, done, cl, from, until, partial)
 }
 
 // stopReplay stops a running replay and waits for it. abort (the partition
@@ -75,16 +84,16 @@ func (pw *partitionWorker) stopReplay(abort bool) {
 // restore runs a replay to its end, then resumes the partition in the group
 // client. A stopped replay leaves the partition paused: the client resumes
 // it when the partition is assigned again.
-func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFunc, done chan struct{}, group *kgo.Client, from, until int64) {
+func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFunc, done chan struct{}, group *kgo.Client, from, until int64, partial bool) {
 	defer close(done)
 	defer cancel()
-	stopped, err := pw.replayRange(ctx, from, until)
-	pw.endReplay(!stopped && err == nil)
+	replayed, stopped, err := pw.replayRange(ctx, from, until, partial)
+	pw.endReplay(!stopped && err == nil, replayed)
 	switch {
 	case err != nil:
 		pw.fail(err)
 	case stopped:
-		pw.w.log.Info("replay stopped; its progress is the local checkpoint", "topic", pw.topic, "partition", pw.partition, "offset", pw.flushed.Offset, "until", until)
+		pw.w.log.Info("replay stopped; its progress is the local checkpoint", "topic", pw.topic, "partition", pw.partition, "offset", pw.flushed.Offset, "until", until, "records", replayed)
 	default:
 		group.ResumeFetchPartitions(map[string][]int32{pw.topic: {pw.partition}})
 	}
@@ -95,14 +104,22 @@ func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFun
 // pages reach FlushBytes, and a last one with checkpoint until. Control
 // records (transaction markers) are read too, so that a stretch ending in
 // a marker is seen to end; a stretch whose end is past the log's end (a
-// truncated log) ends at the log's end. stopped reports a replay ended by
-// ctx (stopReplay) before its end.
-func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64) (stopped bool, err error) {
+// truncated log) ends at the log's end. Input deleted before the replay
+// read it (retention, DeleteRecords) is skipped as lost (skipLost); partial
+// tells that the replay was already counted as a partial rebuild. replayed
+// is the records replayed into the filter (control records and skipped
+// batches not counted, as kdedup_replayed_records_total); stopped reports a
+// replay ended by ctx (stopReplay) before its end.
+func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64, partial bool) (replayed int64, stopped bool, err error) {
 	w := pw.w
 	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(w.opts.Brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{pw.topic: {pw.partition: kgo.NewOffset().At(from)}}),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// An out-of-range offset is reported in the fetches, not reset
+		// from: a reset would jump over input deleted under the replay
+		// without a word (skipLost). Offset gaps alone prove nothing:
+		// compaction and aborted transactions leave them too.
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(restoreIdle / 2),
@@ -110,7 +127,7 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64) (
 		kgo.WithLogger(kslog.New(w.log.With("client", "restore", "topic", pw.topic, "partition", pw.partition))),
 	}, w.opts.ConnOpts...)...)
 	if err != nil {
-		return false, fmt.Errorf("creating the restore client of %s/%d: %w", pw.topic, pw.partition, err)
+		return 0, false, fmt.Errorf("creating the restore client of %s/%d: %w", pw.topic, pw.partition, err)
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
@@ -123,14 +140,15 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64) (
 		cancel()
 		if ctx.Err() != nil {
 			if pw.restoreAbort.Load() {
-				return true, nil
+				return replayed, true, nil
 			}
-			return true, pw.commitReplay(cp)
+			return replayed, true, pw.commitReplay(cp)
 		}
 		var (
-			got  int
-			done bool
-			rerr error
+			got        int
+			done       bool
+			outOfRange bool
+			rerr       error
 		)
 		fetches.EachError(func(_ string, _ int32, err error) {
 			var bomb *kgo.ErrDecompressTooLarge
@@ -144,6 +162,8 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64) (
 				cp = store.Checkpoint{Offset: min(bomb.NextOffset, until), LeaderEpoch: bomb.Epoch}
 				done = cp.Offset >= until
 				got++
+			case errors.Is(err, kerr.OffsetOutOfRange):
+				outOfRange = true // handled after the records polled with it
 			case !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled):
 				w.log.Warn("restore fetch error", "topic", pw.topic, "partition", pw.partition, "err", err)
 			}
@@ -163,6 +183,7 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64) (
 					return
 				}
 				pw.decided++
+				replayed++
 			}
 			cp = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
 			done = cp.Offset >= until
@@ -171,7 +192,14 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64) (
 			}
 		})
 		if rerr != nil {
-			return false, rerr
+			return replayed, false, rerr
+		}
+		if outOfRange && !done {
+			var skipped bool
+			if cp, done, skipped = pw.skipLost(ctx, cl, adm, cp, until, partial); skipped {
+				partial = true
+				got++
+			}
 		}
 		if got > 0 {
 			pw.replayProgress(cp.Offset, until)
@@ -188,11 +216,11 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64) (
 			}
 		}
 		if done {
-			return false, pw.commitReplay(store.Checkpoint{Offset: until, LeaderEpoch: cp.LeaderEpoch})
+			return replayed, false, pw.commitReplay(store.Checkpoint{Offset: until, LeaderEpoch: cp.LeaderEpoch})
 		}
 		if time.Since(batchStart) >= w.opts.FlushInterval {
 			if err := pw.commitReplay(cp); err != nil {
-				return false, err
+				return replayed, false, err
 			}
 			batchStart = time.Now()
 		}
@@ -219,8 +247,76 @@ func (pw *partitionWorker) commitReplay(cp store.Checkpoint) error {
 	return nil
 }
 
-// endReplay ends the replay's accounting; completed replays are timed.
-func (pw *partitionWorker) endReplay(completed bool) {
+// skipLost handles the restore client's fetch at cp answered
+// OFFSET_OUT_OF_RANGE (reported, not reset from: NoResetOffset). The
+// partition's log now starts past cp when the input was deleted before the
+// replay read it (retention or DeleteRecords, between the plan and the
+// first fetch or while the replay ran): the offsets [cp, log start) are
+// lost, which makes the replay partial. It logs them at WARN, counts a
+// partial rebuild unless partial (the replay was counted already: once per
+// replay), and moves the restore client to the log start; skipped reports
+// that. A log that now ends at or before cp (truncated) ends the replay:
+// done. Otherwise (a broker behind, or a listing that failed) it waits a
+// little and the restore client fetches again at cp.
+func (pw *partitionWorker) skipLost(ctx context.Context, cl *kgo.Client, adm *kadm.Client, cp store.Checkpoint, until int64, partial bool) (next store.Checkpoint, done, skipped bool) {
+	w := pw.w
+	start, err := pw.listedOffset(ctx, adm.ListStartOffsets)
+	if err == nil && start > cp.Offset {
+		lostTo := min(start, until)
+		if !partial {
+			w.m.partialRebuilds.Inc()
+		}
+		w.log.Warn("replay is partial: input was deleted before the replay read it (retention or DeleteRecords), so keys first seen there are not in the filter and deletes there are not applied",
+			"topic", pw.topic, "partition", pw.partition, "lost_from", cp.Offset, "lost_to", lostTo)
+		next = store.Checkpoint{Offset: lostTo, LeaderEpoch: cp.LeaderEpoch}
+		if lostTo < until {
+			cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{pw.topic: {pw.partition: {Epoch: -1, Offset: lostTo}}})
+		}
+		return next, lostTo >= until, true
+	}
+	var end int64
+	if err == nil {
+		end, err = pw.listedOffset(ctx, adm.ListEndOffsets)
+	}
+	wait := restoreIdle / 10 // not a busy loop of fetches answered out of range
+	switch {
+	case err == nil && end <= cp.Offset:
+		w.log.Warn("the input ends before the group's offset; replay ends at the end of the log", "topic", pw.topic, "partition", pw.partition, "log_end", end, "group_offset", until)
+		return cp, true, false
+	case err != nil && ctx.Err() == nil:
+		w.log.Warn("restore fetch out of range, and the partition's offsets could not be listed; retrying", "topic", pw.topic, "partition", pw.partition, "offset", cp.Offset, "err", err)
+		wait = restoreIdle
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(wait):
+	}
+	// The client's position can be past cp, over the records an aborted
+	// transaction left (read_committed skips them): go on from cp.
+	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{pw.topic: {pw.partition: {Epoch: -1, Offset: cp.Offset}}})
+	return cp, false, false
+}
+
+// listedOffset returns the partition's offset as list (a kadm.Client's
+// ListStartOffsets or ListEndOffsets) reports it.
+func (pw *partitionWorker) listedOffset(ctx context.Context, list func(context.Context, ...string) (kadm.ListedOffsets, error)) (int64, error) {
+	l, err := list(ctx, pw.topic)
+	if err != nil {
+		return 0, fmt.Errorf("listing offsets of %s: %w", pw.topic, err)
+	}
+	o, ok := l.Lookup(pw.topic, pw.partition)
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("no offset listed for %s/%d", pw.topic, pw.partition)
+	case o.Err != nil:
+		return 0, fmt.Errorf("listing offsets of %s/%d: %w", pw.topic, pw.partition, o.Err)
+	}
+	return o.Offset, nil
+}
+
+// endReplay ends the replay's accounting; completed replays are timed and
+// logged with the records they replayed.
+func (pw *partitionWorker) endReplay(completed bool, replayed int64) {
 	pw.replayMu.Lock()
 	r := pw.replay
 	pw.replay.start = time.Time{}
@@ -235,7 +331,7 @@ func (pw *partitionWorker) endReplay(completed bool) {
 	if completed {
 		d := time.Since(r.start)
 		pw.w.m.replaySeconds.Observe(d.Seconds())
-		pw.w.log.Info("replay finished", "topic", pw.topic, "partition", pw.partition, "records", r.until-r.from, "duration", d.Round(time.Millisecond))
+		pw.w.log.Info("replay finished", "topic", pw.topic, "partition", pw.partition, "records", replayed, "duration", d.Round(time.Millisecond))
 	}
 }
 
