@@ -17,8 +17,10 @@ import (
 )
 
 // A record that cannot be forwarded because of the record itself is a dead
-// letter: it is too large for its target topic (checked before producing,
-// see recordBatchBytes), the broker rejects it as invalid, or its input
+// letter: it is too large for its target topic even compressed as the
+// worker's producer compresses it (checked before producing, see
+// recordBatchBytes and compressedBatchBytes), the broker rejects it as
+// invalid, or its input
 // batch decompresses past Options.MaxDecompressBytes. With
 // Options.DeadLetterTopic it is produced there, exactly like a forwarded
 // record (at least once before the write batch covering it, exactly once in
@@ -50,8 +52,9 @@ const (
 // kdedup_dead_letter_records_total.
 const (
 	// ReasonTooLarge: the record, alone in a record batch, is larger than
-	// the target topic's max.message.bytes (Options.MaxRecordBytes), or the
-	// broker answered MESSAGE_TOO_LARGE or RECORD_LIST_TOO_LARGE.
+	// the target topic's max.message.bytes (Options.MaxRecordBytes) before
+	// compression and after the producer's compression, or the broker
+	// answered MESSAGE_TOO_LARGE or RECORD_LIST_TOO_LARGE.
 	ReasonTooLarge = "too-large"
 	// ReasonInvalid: the broker rejected the record as invalid
 	// (INVALID_RECORD, CORRUPT_MESSAGE, INVALID_TIMESTAMP).
@@ -79,8 +82,16 @@ const recordBatchOverhead = 61
 // is the smallest batch r can travel in: the first record of a batch has
 // offset and timestamp deltas 0. franz-go sizes batches the same way
 // (before compression), so a record within the limit is never refused by
-// the client, and a batch it builds never exceeds the limit.
+// the client, and a batch it builds never exceeds the limit. A record over
+// it may still fit compressed (compressed.go).
 func recordBatchBytes(r *kgo.Record) int {
+	l := recordBodyBytes(r)
+	return recordBatchOverhead + kbin.VarintLen(int32(l)) + l
+}
+
+// recordBodyBytes is the length of r encoded first in its batch, after its
+// length varint.
+func recordBodyBytes(r *kgo.Record) int {
 	l := 1 + // attributes
 		1 + // timestamp delta 0
 		1 + // offset delta 0
@@ -90,7 +101,7 @@ func recordBatchBytes(r *kgo.Record) int {
 	for _, h := range r.Headers {
 		l += kbin.VarintLen(int32(len(h.Key))) + len(h.Key) + kbin.VarintLen(int32(len(h.Value))) + len(h.Value)
 	}
-	return recordBatchOverhead + kbin.VarintLen(int32(l)) + l
+	return l
 }
 
 // producerBatchMaxBytes is franz-go's ProducerBatchMaxBytes for a topic
@@ -215,8 +226,16 @@ func (pw *partitionWorker) send(in, out *kgo.Record, produce func(in, out *kgo.R
 		produce(in, out)
 		return true
 	}
-	return pw.deadLetter(in, out.Topic, ReasonTooLarge,
-		fmt.Sprintf("%d bytes in a record batch of its own, above the topic's max.message.bytes %d", size, limit), nil, produce)
+	fits, detail := pw.w.fitsCompressed(out, size, limit)
+	switch {
+	case !fits:
+		return pw.deadLetter(in, out.Topic, ReasonTooLarge, detail, nil, produce)
+	case pw.w.sess == nil:
+		pw.produceLarge(in, out)
+	default:
+		produce(in, out) // exactly once, boundBatches sends it alone
+	}
+	return true
 }
 
 // deadLetter produces in to the dead-letter topic, or without one fails
@@ -396,7 +415,7 @@ func (pw *partitionWorker) retryRejected() error {
 	for _, x := range rej {
 		var err error
 		for range refusalsAlone { // refused alone twice: not a transient broker fault
-			if err = pw.w.cl.ProduceSync(ctx, x.out).FirstErr(); err == nil || recordReason(err) == "" {
+			if err = pw.w.produceAlone(ctx, x.out); err == nil || recordReason(err) == "" {
 				break
 			}
 		}

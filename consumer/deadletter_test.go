@@ -2,10 +2,17 @@ package consumer
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -106,4 +113,79 @@ func TestDeadLetterRecord(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCompressedBatchBytes checks compressedBatchBytes against a broker
+// (kfake): for each codec franz-go offers and records compressible or not,
+// a producer compressing with that codec gets the record alone into a
+// topic whose max.message.bytes is exactly the computed size, and is
+// refused MESSAGE_TOO_LARGE by a topic one byte smaller. The compressor is
+// read from the producing client, as the worker reads its own.
+func TestCompressedBatchBytes(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	rnd := rand.New(rand.NewPCG(3, 4))
+	noise := make([]byte, 300_000)
+	for i := range noise {
+		noise[i] = byte(rnd.Uint32())
+	}
+	text := bytes.Repeat([]byte(`{"order":12345,"state":"shipped","items":["a","b"]} `), 30_000) // 1.6 MB
+	records := map[string]*kgo.Record{
+		"text":                  {Key: []byte("k"), Value: text},
+		"text, headers, no key": {Value: text, Headers: []kgo.RecordHeader{{Key: "kdedup-reason", Value: []byte("duplicate")}, {Key: "h", Value: nil}}},
+		"noise":                 {Key: []byte("k"), Value: noise},
+	}
+	codecs := map[string]kgo.CompressionCodec{
+		"snappy": kgo.SnappyCompression(), "zstd": kgo.ZstdCompression(), "lz4": kgo.Lz4Compression(), "gzip": kgo.GzipCompression(),
+	}
+	adm := kadm.NewClient(mustClient(t, kgo.SeedBrokers(c.ListenAddrs()...)))
+	ctx := context.Background()
+	for cname, codec := range codecs {
+		cl := mustClient(t, kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerBatchCompression(codec), kgo.ProducerLinger(0),
+			kgo.ProducerBatchMaxBytes(8<<20), kgo.RecordRetries(0))
+		comp, _ := cl.OptValue(kgo.WithCompressor).(kgo.Compressor)
+		if comp == nil {
+			t.Fatalf("%s: the client has no compressor", cname)
+		}
+		for rname, r := range records {
+			t.Run(cname+"/"+rname, func(t *testing.T) {
+				size, used := compressedBatchBytes(r, comp)
+				if rname == "noise" {
+					if size != recordBatchBytes(r) || used != kgo.CodecNone {
+						t.Errorf("incompressible record: %d bytes with codec %v, want %d uncompressed", size, used, recordBatchBytes(r))
+					}
+				} else if size >= DefaultMaxRecordBytes || used == kgo.CodecNone {
+					t.Fatalf("compressible record: %d bytes with codec %v, want below %d compressed", size, used, DefaultMaxRecordBytes)
+				}
+				for _, limit := range []int{size, size - 1} {
+					topic := fmt.Sprintf("t-%s-%d-%d", cname, len(r.Value), limit)
+					v := strconv.Itoa(limit)
+					if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"max.message.bytes": &v}, topic); err != nil {
+						t.Fatal(err)
+					}
+					rec := &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: r.Headers}
+					err := cl.ProduceSync(ctx, rec).FirstErr()
+					switch {
+					case limit == size && err != nil:
+						t.Errorf("max.message.bytes %d (the computed size): %v, want accepted", limit, err)
+					case limit < size && !errors.Is(err, kerr.MessageTooLarge):
+						t.Errorf("max.message.bytes %d (one below the computed size): %v, want MESSAGE_TOO_LARGE", limit, err)
+					}
+				}
+			})
+		}
+	}
+}
+
+func mustClient(t *testing.T, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
 }

@@ -51,11 +51,13 @@ type Options struct {
 	DeadLetterTopic string
 	// MaxRecordBytes returns the max.message.bytes of a topic the worker
 	// produces to (OutputTopic, DuplicatesTopic, DeadLetterTopic), in
-	// bytes: a record whose batch of its own (recordBatchBytes, before
-	// compression) is larger is a dead letter instead of a produce error,
-	// and the producer's batches to the topic are bounded by it. It is
-	// called with "" too, for the client's default. Nil: 1,048,588 bytes
-	// (DefaultMaxRecordBytes) for every topic.
+	// bytes: a record whose batch of its own is larger, before compression
+	// (recordBatchBytes) and once compressed as the worker's producer
+	// compresses it (compressedBatchBytes), is a dead letter instead of a
+	// produce error; one larger only before compression is forwarded alone
+	// in its batch. The producer's other batches to the topic are bounded
+	// by it before compression. It is called with "" too, for the client's
+	// default. Nil: 1,048,588 bytes (DefaultMaxRecordBytes) for every topic.
 	MaxRecordBytes func(topic string) int
 	// MaxDecompressBytes bounds what one input record batch may
 	// decompress to, in bytes (default 64 MiB). A larger batch is not

@@ -89,7 +89,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 		touched []*partitionWorker
 		failed  error
 	)
-	produce := func(in, out *kgo.Record) {
+	produce := w.boundBatches(func(in, out *kgo.Record) {
 		w.sess.Produce(ctx, out, func(_ *kgo.Record, err error) {
 			w.countDeadLetter(out, err)
 			if err != nil {
@@ -103,7 +103,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 				mu.Unlock()
 			}
 		})
-	}
+	})
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		if len(p.Records) == 0 || failed != nil {
 			return

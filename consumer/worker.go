@@ -73,6 +73,18 @@ type Worker struct {
 	// Exactly once: records refused by the broker, across transactions.
 	// Its own lock: produce callbacks add to it.
 	rejections txnRejections
+
+	// How the client of the current connect compresses (nil: it does
+	// not), written by connect (setCompressor) before the partitions see
+	// records; batchesRaised tells franz-go's goroutines whether its batch
+	// bound is raised (exactly once with compression, compressed.go).
+	compressor    kgo.Compressor
+	batchesRaised atomic.Bool
+	// Exactly once, owned by the transaction loop: bytes produced to each
+	// topic since the client's buffer was last empty (boundBatches).
+	txnBatchBytes map[string]int
+	// At least once: the producer of records that fit only compressed.
+	large largeProducer
 }
 
 // New checks opts and returns a Worker; it does not connect yet.
@@ -89,6 +101,7 @@ func New(opts Options) (*Worker, error) {
 	}
 	w.rejections.known = map[recordTarget]rejection{}
 	w.rejections.isolated = map[recordTarget]bool{}
+	w.txnBatchBytes = map[string]int{}
 	w.m = newMetrics(opts.Registerer, w)
 	return w, nil
 }
@@ -165,7 +178,7 @@ func (w *Worker) connect() error {
 		kgo.OnPartitionsRevoked(w.revoked),
 		kgo.OnPartitionsLost(w.lost),
 		kgo.AdjustFetchOffsetsFn(w.adjustOffsets),
-		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 { return producerBatchMaxBytes(w.maxRecordBytes(topic)) }),
+		kgo.ProducerBatchMaxBytesFn(w.producerBatchMaxBytes),
 		kgo.WithLogger(kslog.New(w.log)),
 	)
 	if w.opts.Delivery == ExactlyOnce {
@@ -173,6 +186,7 @@ func (w *Worker) connect() error {
 		if err != nil {
 			return fmt.Errorf("creating kafka transactional client: %w", err)
 		}
+		w.setCompressor(sess.Client())
 		w.publish(sess, sess.Client())
 		return nil
 	}
@@ -180,6 +194,7 @@ func (w *Worker) connect() error {
 	if err != nil {
 		return fmt.Errorf("creating kafka client: %w", err)
 	}
+	w.setCompressor(cl)
 	w.publish(nil, cl)
 	return nil
 }
@@ -248,6 +263,7 @@ func (w *Worker) shutdown() error {
 	}
 	w.live.stamp("closing the Kafka client (leaving the group)")
 	w.closeClient()
+	w.closeLarge()
 	if w.opts.InstanceID != "" {
 		w.log.Info("closed; as a static member the worker stays in the group until the session timeout, so a restart with the same instance id resumes its partitions without a rebalance",
 			"instance_id", w.opts.InstanceID, "session_timeout", w.opts.SessionTimeout)

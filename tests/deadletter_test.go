@@ -130,11 +130,13 @@ func appendVarint(b []byte, v int64) []byte {
 	return append(b, byte(u))
 }
 
-// sized is a record with key k and a value that makes its batch of its own
-// exactly n bytes.
+// sized is a record with key k and an incompressible value (seeded by k)
+// that makes its batch of its own exactly n bytes, compressed or not: the
+// worker's producer compresses, and a record over the limit that fits
+// compressed is forwarded (TestCompressibleRecordForwarded).
 func sized(k string, n int, ts time.Time) *kgo.Record {
 	r := &kgo.Record{Key: []byte(k), Timestamp: ts}
-	r.Value = bytes.Repeat([]byte{'v'}, n-61-10-len(k))
+	r.Value = noise(k, n-61-10-len(k))
 	for singleBatchBytes(r) > n {
 		r.Value = r.Value[1:]
 	}
@@ -142,6 +144,20 @@ func sized(k string, n int, ts time.Time) *kgo.Record {
 		r.Value = append(r.Value, 'v')
 	}
 	return r
+}
+
+// noise is n pseudo-random bytes seeded by seed: no codec shrinks them.
+func noise(seed string, n int) []byte {
+	var s uint64
+	for _, c := range []byte(seed) {
+		s = s*131 + uint64(c)
+	}
+	rnd := rand.New(rand.NewPCG(s, 5))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rnd.Uint32())
+	}
+	return b
 }
 
 // metricWith sums the samples of a counter whose label has value.
@@ -285,6 +301,104 @@ func TestDeadLetterTruncated(t *testing.T) {
 	}
 }
 
+// TestCompressibleRecordForwarded (both modes): every topic at Kafka's
+// default max.message.bytes, a 1,500,000-byte record that the worker's
+// producer (snappy, franz-go's default) compresses below it is a legal
+// record: it is forwarded, byte for byte with its headers, and so is its
+// repeat to the duplicates topic (two headers more); an incompressible
+// record over the limit still goes to the dead-letter topic. Output and
+// duplicates topic are exactly the model's without the incompressible
+// record, the dead-letter topic holds exactly it, exactly once no
+// transaction aborts. Without a dead-letter topic the compressible record
+// does not stop the worker and the output is exactly the model's.
+func TestCompressibleRecordForwarded(t *testing.T) {
+	ts := scenario.Base.Add(time.Hour)
+	compressible := func() *kgo.Record {
+		v := bytes.Repeat([]byte(`{"order":12345,"state":"shipped","items":["a","b"]} `), 30_000)[:1_500_000]
+		return &kgo.Record{Key: []byte("compressible"), Value: v, Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("t-1")}}, Timestamp: ts}
+	}
+	requireIntact := func(t *testing.T, read []*kgo.Record, in *kgo.Record, topic string) {
+		t.Helper()
+		var found []*kgo.Record
+		for _, r := range read {
+			if string(r.Key) == string(in.Key) {
+				found = append(found, r)
+			}
+		}
+		if len(found) != 1 {
+			t.Fatalf("%s holds %d records of key %q, want 1", topic, len(found), in.Key)
+		}
+		r := found[0]
+		if !bytes.Equal(r.Value, in.Value) || len(r.Headers) < 1 || r.Headers[0].Key != "trace" || string(r.Headers[0].Value) != "t-1" || !r.Timestamp.Equal(in.Timestamp) {
+			t.Errorf("%s: record %q has %d value bytes (equal %v), headers %v, timestamp %v; want the input's %d bytes, its header first, %v",
+				topic, r.Key, len(r.Value), bytes.Equal(r.Value, in.Value), r.Headers, r.Timestamp, len(in.Value), in.Timestamp)
+		}
+	}
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 2)
+		p.delivery = delivery
+		p.withDuplicatesTopic(t, 2)
+		p.b.setTopicConfig(t, p.in, "max.message.bytes", strconv.Itoa(4<<20))
+		dead := p.withDeadLetterTopic(t, 4<<20)
+
+		recs := scenario.Generate(scenario.Options{Keys: 300, Seed: 18})
+		big := compressible()
+		if n := singleBatchBytes(big); n <= kafkaMaxMessageBytes {
+			t.Fatalf("the compressible record's batch is %d bytes, want above %d before compression", n, kafkaMaxMessageBytes)
+		}
+		again := compressible()
+		tooLarge := sized("incompressible", kafkaMaxMessageBytes+1, ts)
+		recs = slices.Insert(recs, 250, again)
+		recs = slices.Insert(recs, 150, tooLarge)
+		recs = slices.Insert(recs, 100, big)
+		p.produceBig(t, recs)
+
+		w := p.startWorker(t, t.TempDir())
+		want, got := p.output(t, recs)
+		wantDropped, gotDropped, read := p.dropped(t, recs)
+		outRead := p.readTopic(t, p.out)
+		deadRead := p.readTopic(t, dead)
+		w.running(t)
+		aborted := w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted")
+		counted := w.metricWith(t, "kdedup_dead_letter_records_total", "reason", "too-large")
+		w.stop(t)
+
+		delete(want.PerKey, "incompressible")
+		requireExact(t, want, got)
+		requireIntact(t, outRead, big, "output")
+		requireDropped(t, recs, wantDropped, gotDropped, read, "duplicate")
+		requireIntact(t, read, again, "duplicates topic")
+		if len(deadRead) != 1 {
+			t.Fatalf("dead-letter topic holds %d records, want 1 (the incompressible record)", len(deadRead))
+		}
+		requireDeadLetter(t, deadRead[0], tooLarge, "too-large", p.out)
+		if counted != 1 {
+			t.Errorf("kdedup_dead_letter_records_total{reason=too-large} = %v, want 1", counted)
+		}
+		if aborted != 0 {
+			t.Errorf("%v transactions aborted, want none", aborted)
+		}
+	})
+	t.Run("no dead-letter topic", func(t *testing.T) {
+		deliveries(t, func(t *testing.T, delivery string) {
+			p := newPipeline(t, 2)
+			p.delivery = delivery
+			p.b.setTopicConfig(t, p.in, "max.message.bytes", strconv.Itoa(4<<20))
+			recs := scenario.Generate(scenario.Options{Keys: 200, Seed: 19})
+			big := compressible()
+			recs = slices.Insert(recs, 100, big)
+			p.produceBig(t, recs)
+			w := p.startWorker(t, t.TempDir())
+			want, got := p.output(t, recs)
+			outRead := p.readTopic(t, p.out)
+			w.running(t)
+			w.stop(t)
+			requireExact(t, want, got)
+			requireIntact(t, outRead, big, "output")
+		})
+	})
+}
+
 // waitExit waits for the worker process to exit and returns its exit code.
 func (p *process) waitExit(t *testing.T, within time.Duration) int {
 	t.Helper()
@@ -376,11 +490,7 @@ func TestRefusedByBroker(t *testing.T) {
 		for i := range 6 {
 			second = append(second, &kgo.Record{Key: fmt.Appendf(nil, "small-%d", i), Value: []byte("v"), Timestamp: ts})
 		}
-		large := sized("large", 6000, ts)
-		rnd := rand.New(rand.NewPCG(1, 2))
-		for i := range large.Value { // incompressible: the worker's producer compresses
-			large.Value[i] = byte(rnd.Uint32())
-		}
+		large := sized("large", 6000, ts) // incompressible: the worker's producer compresses
 		second = slices.Insert(second, 3, large)
 		// One produce request, so that the worker polls them together.
 		if err := scenario.Produce(context.Background(), cl, p.in, second); err != nil {
