@@ -213,8 +213,9 @@ func requireDeadLetter(t *testing.T, dl, in *kgo.Record, reason, target string) 
 // one whose batch is exactly the output topic's max.message.bytes; a record
 // larger than that goes to KDEDUP_DEAD_LETTER_TOPIC instead, and so does
 // the duplicate of the exact-fit record, which the two headers of the
-// duplicates topic push over its limit. Output and duplicates topic are
-// exactly the model's without those two; the dead-letter topic holds
+// duplicates topic push over its limit; a later small record with the
+// dead-lettered key is a duplicate (the key stays remembered). Output and
+// duplicates topic are exactly the model's without those two; the dead-letter topic holds
 // exactly them, with reason, source and target; exactly once, no
 // transaction aborts.
 func TestDeadLetterTopic(t *testing.T) {
@@ -231,6 +232,11 @@ func TestDeadLetterTopic(t *testing.T) {
 		tooLarge := sized("too-large", kafkaMaxMessageBytes+1, ts)
 		exact := sized("exact-fit", kafkaMaxMessageBytes, ts)
 		again := &kgo.Record{Key: exact.Key, Value: exact.Value, Timestamp: ts}
+		// A dead-lettered record's key stays remembered: a later record
+		// with it is a duplicate (the model takes the dead letter for
+		// forwarded, then leaves it out of the output).
+		later := &kgo.Record{Key: tooLarge.Key, Value: []byte("small"), Timestamp: ts}
+		recs = slices.Insert(recs, 450, later)
 		recs = slices.Insert(recs, 400, again)
 		recs = slices.Insert(recs, 300, exact)
 		recs = slices.Insert(recs, 200, tooLarge)
@@ -252,6 +258,10 @@ func TestDeadLetterTopic(t *testing.T) {
 		delete(want.PerKey, "too-large")
 		requireExact(t, want, got)
 		delete(wantDropped.PerKey, "exact-fit")
+		if len(wantDropped.PerKey["too-large"]) != 1 || len(gotDropped.PerKey["too-large"]) != 1 {
+			t.Errorf("the later record with the dead-lettered key: dropped %d times, the model %d, want once",
+				len(gotDropped.PerKey["too-large"]), len(wantDropped.PerKey["too-large"]))
+		}
 		requireDropped(t, recs, wantDropped, gotDropped, read, "duplicate")
 
 		if len(deadRead) != 2 {
