@@ -75,6 +75,10 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 		cl     = w.client()
 		adm    = kadm.NewClient(cl)
 	)
+	if err := w.checkGroupParams(ctx, cl, adm); err != nil {
+		w.fail(err)
+		return nil, err
+	}
 	for topic, ps := range offsets {
 		for p, o := range ps {
 			pw := w.partition(topic, p)

@@ -42,6 +42,8 @@ type Worker struct {
 	// awaitCompleteAssignment watches.
 	ready   atomic.Bool
 	joining atomic.Pointer[kgo.Client]
+	// checkedParams: the client whose group checkGroupParams has asked.
+	checkedParams atomic.Pointer[kgo.Client]
 	// unplanned counts assigned partitions whose start adjustOffsets has
 	// not decided yet (partitionWorker.settlePlan).
 	unplanned atomic.Int64
@@ -180,6 +182,7 @@ func (w *Worker) connect() error {
 		kgo.AdjustFetchOffsetsFn(w.adjustOffsets),
 		kgo.ProducerBatchMaxBytesFn(w.producerBatchMaxBytes),
 		kgo.WithLogger(kslog.New(w.log)),
+		kgo.ClientID(clientID(w.opts.Dedup.Options().StateParams().String())),
 	)
 	if w.opts.Delivery == ExactlyOnce {
 		sess, err := kgo.NewGroupTransactSession(w.clientOpts(opts)...)

@@ -3,6 +3,7 @@ package dedup
 import (
 	"fmt"
 
+	"github.com/kdedup/kdedup/filter"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -40,6 +41,16 @@ func NewOpener(db *store.DB, opts Options, m *Metrics) (*Opener, error) {
 // Open opens the state of topic/partition (see Open).
 func (o *Opener) Open(topic string, partition int32) (*Deduplicator, error) {
 	return Open(o.db, topic, partition, o.opts, o.m)
+}
+
+// StateParams returns the parameters a state under o is written with and
+// refused for when they differ (Open): the filter parameters with the key
+// spec, after defaults. Workers of one consumer group share partitions and
+// so must agree on them.
+func (o Options) StateParams() filter.Params {
+	p := o.Filter.WithDefaults()
+	p.KeySpec = o.Key.String()
+	return p
 }
 
 // Options returns the Options every Deduplicator of o is opened with.
