@@ -33,28 +33,29 @@ const Prefix = "KDEDUP_"
 // check a hand-built one with [Config.Validate].
 type Config struct {
 	// Kafka.
-	Brokers            []string          `env:"BROKERS,required" doc:"Kafka seed brokers, comma-separated host:port"`
-	InputTopics        []string          `env:"INPUT_TOPICS,required" doc:"Topics to deduplicate, comma-separated, without duplicates and without OUTPUT_TOPIC"`
-	OutputTopic        string            `env:"OUTPUT_TOPIC,required" doc:"Topic that receives the first record seen for each key"`
-	DuplicatesTopic    string            `env:"DUPLICATES_TOPIC" envDefault:"" doc:"Topic that receives every dropped record (duplicate or over MAX_OCCURRENCES) with headers kdedup-reason and kdedup-source, to audit false drops; not OUTPUT_TOPIC nor an input topic; empty disables it"`
-	DeadLetterTopic    string            `env:"DEAD_LETTER_TOPIC" envDefault:"" doc:"Topic that receives each record that cannot be forwarded because of the record itself (larger than its target topic's max.message.bytes, rejected by the broker as invalid, or a batch over MAX_DECOMPRESS_BYTES) with headers kdedup-dead-letter-reason, kdedup-source and kdedup-target, and processing goes on; not OUTPUT_TOPIC, DUPLICATES_TOPIC nor an input topic; empty stops the worker (exit 1) with an error naming the record"`
-	MaxRecordBytes     ByteSize          `env:"MAX_RECORD_BYTES" envDefault:"0" doc:"Largest record batch the worker produces to each topic, 512B to 1GiB, as the broker counts it against max.message.bytes; 0 reads each target topic's max.message.bytes from the brokers at start-up (1048588 when they do not tell)"`
-	MaxDecompressBytes ByteSize          `env:"MAX_DECOMPRESS_BYTES" envDefault:"64MiB" doc:"Largest size an input record batch may decompress to, 1MiB to 1GiB; a larger one (a compression bomb) is not decompressed: it goes to DEAD_LETTER_TOPIC as a record without value, or stops the worker naming its offsets"`
-	Group              string            `env:"GROUP" envDefault:"kdedup" doc:"Consumer group; the workers of one group share the partitions of INPUT_TOPICS"`
-	InstanceID         string            `env:"INSTANCE_ID" envDefault:"" doc:"Static group membership (KIP-345): a member id unique in GROUP and stable across restarts, such as the pod name; a member restarting within SESSION_TIMEOUT gets its partitions, and their local state, back without a rebalance; letters, digits, '.', '_' and '-'; empty joins as a dynamic member"`
-	StartOffset        StartOffset       `env:"START_OFFSET" envDefault:"earliest" doc:"Where a partition with no committed offset in the group begins when the group has no committed offset in its topic either (the group's first start, a new input topic): earliest or latest; a partition added to a topic the group has committed offsets in is read from its start whatever this says"`
-	MetadataMaxAge     time.Duration     `env:"METADATA_MAX_AGE" envDefault:"30s" doc:"Longest time between Kafka metadata refreshes, 1s to 1h: partitions added to an input topic are assigned within about this long"`
-	SessionTimeout     time.Duration     `env:"SESSION_TIMEOUT" envDefault:"45s" doc:"Consumer group session timeout, 1s to 30m (brokers enforce group.min.session.timeout.ms, 6s by default); a worker silent this long loses its partitions to a rebalance"`
-	Delivery           consumer.Delivery `env:"DELIVERY" envDefault:"at-least-once" doc:"at-least-once (a crash may forward the records of one flush interval again) or exactly-once (Kafka transactions: output and input offsets commit atomically; read the output with isolation.level=read_committed)"`
-	TransactionalID    string            `env:"TRANSACTIONAL_ID" envDefault:"" doc:"Transactional id with DELIVERY=exactly-once; empty means one unique to this process (KIP-447 fences by group generation, so it need not survive restarts)"`
-	Rebuild            Rebuild           `env:"REBUILD" envDefault:"replay" doc:"A partition with no local state: replay (rebuild its filter from the earliest retained input, forwarding nothing, up to the group's offset) or empty (start with an empty filter and accept repeats of keys seen before)"`
-	Key                string            `env:"KEY" envDefault:"" doc:"What makes two records duplicates: empty or key for the record key, header:NAME for the value of header NAME, json:PATH for a gjson path into the JSON record value"`
-	DeleteHeader       string            `env:"DELETE_HEADER" envDefault:"" doc:"NAME=VALUE: a record carrying header NAME with value VALUE deletes its key from the filter; empty disables deletes"`
-	ForwardTombstones  bool              `env:"FORWARD_TOMBSTONES" envDefault:"true" doc:"Forward tombstones (records with a null value) to OUTPUT_TOPIC: true or false"`
-	MaxOccurrences     int               `env:"MAX_OCCURRENCES" envDefault:"1" doc:"Records forwarded per key until it is deleted (or, with WINDOW, within the window), 1 to 2*BUCKET_SIZE; 1 deduplicates, more throttles (later records are dropped as over the limit)"`
-	Window             time.Duration     `env:"WINDOW" envDefault:"0s" doc:"How long a key is remembered, in record time (record timestamps, never the wall clock): at least WINDOW and at most WINDOW plus one generation span past its record's timestamp; 0 remembers keys until they are deleted"`
-	WindowGenerations  int               `env:"WINDOW_GENERATIONS" envDefault:"8" doc:"Generations a WINDOW is cut into, 1 to 64: expiry drops a whole generation (WINDOW/WINDOW_GENERATIONS of record time) at once; more generations forget closer to WINDOW but cost about log2(WINDOW_GENERATIONS+1) fingerprint bits per key"`
-	WindowRefresh      bool              `env:"WINDOW_REFRESH" envDefault:"false" doc:"With WINDOW: true re-remembers a key each time one of its records is dropped, so a key keeps being dropped while it recurs at least once per WINDOW (sliding expiry); false forgets it WINDOW after the record that was forwarded"`
+	Brokers             []string          `env:"BROKERS,required" doc:"Kafka seed brokers, comma-separated host:port"`
+	InputTopics         []string          `env:"INPUT_TOPICS,required" doc:"Topics to deduplicate, comma-separated, without duplicates and without OUTPUT_TOPIC"`
+	OutputTopic         string            `env:"OUTPUT_TOPIC,required" doc:"Topic that receives the first record seen for each key"`
+	DuplicatesTopic     string            `env:"DUPLICATES_TOPIC" envDefault:"" doc:"Topic that receives every dropped record (duplicate or over MAX_OCCURRENCES) with headers kdedup-reason and kdedup-source, to audit false drops; not OUTPUT_TOPIC nor an input topic; empty disables it"`
+	DeadLetterTopic     string            `env:"DEAD_LETTER_TOPIC" envDefault:"" doc:"Topic that receives each record that cannot be forwarded because of the record itself (larger than its target topic's max.message.bytes, rejected by the broker as invalid, or a batch over MAX_DECOMPRESS_BYTES) with headers kdedup-dead-letter-reason, kdedup-source and kdedup-target, and processing goes on; not OUTPUT_TOPIC, DUPLICATES_TOPIC nor an input topic; empty stops the worker (exit 1) with an error naming the record"`
+	MaxRecordBytes      ByteSize          `env:"MAX_RECORD_BYTES" envDefault:"0" doc:"Largest record batch the worker produces to each topic, 512B to 1GiB, as the broker counts it against max.message.bytes; 0 reads each target topic's max.message.bytes from the brokers at start-up (1048588 when they do not tell)"`
+	MaxDecompressBytes  ByteSize          `env:"MAX_DECOMPRESS_BYTES" envDefault:"64MiB" doc:"Largest size an input record batch may decompress to, 1MiB to 1GiB; a larger one (a compression bomb) is not decompressed: it goes to DEAD_LETTER_TOPIC as a record without value, or stops the worker naming its offsets"`
+	Group               string            `env:"GROUP" envDefault:"kdedup" doc:"Consumer group; the workers of one group share the partitions of INPUT_TOPICS"`
+	InstanceID          string            `env:"INSTANCE_ID" envDefault:"" doc:"Static group membership (KIP-345): a member id unique in GROUP and stable across restarts, such as the pod name; a member restarting within SESSION_TIMEOUT gets its partitions, and their local state, back without a rebalance; letters, digits, '.', '_' and '-'; empty joins as a dynamic member"`
+	StartOffset         StartOffset       `env:"START_OFFSET" envDefault:"earliest" doc:"Where a partition with no committed offset in the group begins when the group has no committed offset in its topic either (the group's first start, a new input topic): earliest or latest; a partition added to a topic the group has committed offsets in is read from its start whatever this says"`
+	MetadataMaxAge      time.Duration     `env:"METADATA_MAX_AGE" envDefault:"30s" doc:"Longest time between Kafka metadata refreshes, 1s to 1h: partitions added to an input topic are assigned within about this long"`
+	SessionTimeout      time.Duration     `env:"SESSION_TIMEOUT" envDefault:"45s" doc:"Consumer group session timeout, 1s to 30m (brokers enforce group.min.session.timeout.ms, 6s by default); a worker silent this long loses its partitions to a rebalance"`
+	Delivery            consumer.Delivery `env:"DELIVERY" envDefault:"at-least-once" doc:"at-least-once (a crash may forward the records of one flush interval again) or exactly-once (Kafka transactions: output and input offsets commit atomically; read the output with isolation.level=read_committed)"`
+	TransactionalID     string            `env:"TRANSACTIONAL_ID" envDefault:"" doc:"Transactional id with DELIVERY=exactly-once; empty means one unique to this process (KIP-447 fences by group generation, so it need not survive restarts)"`
+	TransactionInterval time.Duration     `env:"TRANSACTION_INTERVAL" envDefault:"100ms" doc:"With DELIVERY=exactly-once, the longest time one Kafka transaction stays open deciding records, 1ms to 1h, and at most FLUSH_INTERVAL whatever this says (the output becomes visible to read_committed readers when it commits); a transaction also ends early when a partition's changed pages would pass FLUSH_BYTES"`
+	Rebuild             Rebuild           `env:"REBUILD" envDefault:"replay" doc:"A partition with no local state: replay (rebuild its filter from the earliest retained input, forwarding nothing, up to the group's offset) or empty (start with an empty filter and accept repeats of keys seen before)"`
+	Key                 string            `env:"KEY" envDefault:"" doc:"What makes two records duplicates: empty or key for the record key, header:NAME for the value of header NAME, json:PATH for a gjson path into the JSON record value"`
+	DeleteHeader        string            `env:"DELETE_HEADER" envDefault:"" doc:"NAME=VALUE: a record carrying header NAME with value VALUE deletes its key from the filter; empty disables deletes"`
+	ForwardTombstones   bool              `env:"FORWARD_TOMBSTONES" envDefault:"true" doc:"Forward tombstones (records with a null value) to OUTPUT_TOPIC: true or false"`
+	MaxOccurrences      int               `env:"MAX_OCCURRENCES" envDefault:"1" doc:"Records forwarded per key until it is deleted (or, with WINDOW, within the window), 1 to 2*BUCKET_SIZE; 1 deduplicates, more throttles (later records are dropped as over the limit)"`
+	Window              time.Duration     `env:"WINDOW" envDefault:"0s" doc:"How long a key is remembered, in record time (record timestamps, never the wall clock): at least WINDOW and at most WINDOW plus one generation span past its record's timestamp; 0 remembers keys until they are deleted"`
+	WindowGenerations   int               `env:"WINDOW_GENERATIONS" envDefault:"8" doc:"Generations a WINDOW is cut into, 1 to 64: expiry drops a whole generation (WINDOW/WINDOW_GENERATIONS of record time) at once; more generations forget closer to WINDOW but cost about log2(WINDOW_GENERATIONS+1) fingerprint bits per key"`
+	WindowRefresh       bool              `env:"WINDOW_REFRESH" envDefault:"false" doc:"With WINDOW: true re-remembers a key each time one of its records is dropped, so a key keeps being dropped while it recurs at least once per WINDOW (sliding expiry); false forgets it WINDOW after the record that was forwarded"`
 
 	// Kafka security.
 	TLSEnabled       bool   `env:"TLS_ENABLED" envDefault:"false" doc:"Connect to the brokers over TLS: true or false"`
@@ -107,22 +108,23 @@ const (
 	// reads, and a page rewrite writes, 16 default pages for one key, while
 	// an exactly-once transaction at the default FLUSH_BYTES covers at most
 	// 64 records (FLUSH_BYTES/PAGE_BYTES/2).
-	minPageBytes       = 512
-	maxPageBytes       = 64 * KiB
-	minCachePages      = 16
-	maxFlushBytes      = 128 * MiB
-	minWindowSpan      = time.Second
-	minFlushInterval   = 10 * time.Millisecond
-	maxFlushInterval   = time.Hour
-	minSessionTimeout  = time.Second
-	minMetadataMaxAge  = time.Second
-	maxMetadataMaxAge  = time.Hour
-	maxSessionTimeout  = 30 * time.Minute
-	maxTopicNameLength = 249 // Kafka's limit, from org.apache.kafka.common.internals.Topic.
-	minShutdownTimeout = time.Second
-	maxShutdownTimeout = time.Hour
-	minLivenessTimeout = 10 * time.Second
-	maxLivenessTimeout = 2 * time.Hour
+	minPageBytes           = 512
+	maxPageBytes           = 64 * KiB
+	minCachePages          = 16
+	maxFlushBytes          = 128 * MiB
+	minWindowSpan          = time.Second
+	minFlushInterval       = 10 * time.Millisecond
+	minTransactionInterval = time.Millisecond
+	maxFlushInterval       = time.Hour
+	minSessionTimeout      = time.Second
+	minMetadataMaxAge      = time.Second
+	maxMetadataMaxAge      = time.Hour
+	maxSessionTimeout      = 30 * time.Minute
+	maxTopicNameLength     = 249 // Kafka's limit, from org.apache.kafka.common.internals.Topic.
+	minShutdownTimeout     = time.Second
+	maxShutdownTimeout     = time.Hour
+	minLivenessTimeout     = 10 * time.Second
+	maxLivenessTimeout     = 2 * time.Hour
 	// minRecordBytes and maxRecordBytes bound a record batch as franz-go
 	// accepts them (kgo.ProducerBatchMaxBytes: 512 to 1<<30).
 	minRecordBytes = 512
@@ -446,6 +448,9 @@ func (c Config) Validate() error {
 	}
 	if pageOK && c.CacheBytes < minCachePages*c.PageBytes {
 		v.add("CacheBytes", c.CacheBytes, fmt.Sprintf("must be at least %d pages of PAGE_BYTES, %v", minCachePages, minCachePages*c.PageBytes))
+	}
+	if c.TransactionInterval < minTransactionInterval || c.TransactionInterval > maxFlushInterval {
+		v.add("TransactionInterval", c.TransactionInterval, fmt.Sprintf("must be from %s to %s", formatDuration(minTransactionInterval), formatDuration(maxFlushInterval)))
 	}
 	if c.FlushInterval < minFlushInterval || c.FlushInterval > maxFlushInterval {
 		v.add("FlushInterval", c.FlushInterval, fmt.Sprintf("must be from %s to %s", formatDuration(minFlushInterval), formatDuration(maxFlushInterval)))

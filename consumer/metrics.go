@@ -21,6 +21,7 @@ type metrics struct {
 	batchBytes       prometheus.Histogram
 	txns             *prometheus.CounterVec
 	txnSeconds       prometheus.Histogram
+	txnRecords       prometheus.Histogram
 	sessionRestarts  prometheus.Counter
 	partitionsLost   prometheus.Counter
 	deadLetters      *prometheus.CounterVec
@@ -63,6 +64,9 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 		txnSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_transaction_commit_seconds",
 			Help:    "Time from the end of a transaction's decisions to its commit: acks of its produced records, then EndTxn with the input offsets; exactly-once only, aborted transactions not observed.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
+		txnRecords: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_transaction_records",
+			Help:    "Input records decided in one Kafka transaction (committed or aborted); exactly-once only.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 11)}),
 		partitionsLost: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_partitions_lost_total",
 			Help: "Partitions lost with their group session (expired during a broker outage, or fenced) instead of revoked by a rebalance."}),
 		sessionRestarts: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_session_restarts_total",

@@ -102,17 +102,24 @@ type Options struct {
 	// FlushBytes cuts a write batch early when a partition's dirty pages
 	// reach it (default 8 MiB). It must fit in one Badger transaction.
 	FlushBytes int64
+	// TransactionInterval (ExactlyOnce) is the longest time a Kafka
+	// transaction stays open deciding polled records (default 100ms, as
+	// Kafka Streams' commit.interval.ms under exactly-once); it ends
+	// earlier when a partition's dirty and staged pages would otherwise
+	// pass FlushBytes (txnBudget). FlushInterval if that is shorter.
+	TransactionInterval time.Duration
 	// Dedup opens the deduplicator of each assigned topic-partition, from
 	// the group's callbacks, one partition at a time. The worker asks it,
 	// and the deduplicators it opens, which decisions forward
 	// (dedup.Deduplicator.Forwards), where a rebuild may start
 	// (dedup.Options.RebuildFrom: from the start of the dedup window when
 	// the state depends on it alone, else from the earliest retained
-	// offset) and how many records one transaction may hold: with
-	// ExactlyOnce at most FlushBytes/2 divided by the bytes one record can
-	// dirty (dedup.Options.MaxDirtyBytesPerRecord), so that the pages a
-	// transaction dirties fit in half a write batch whatever the partitions
-	// it touches. Its deduplicators must stage their changes
+	// offset) and how many records one poll of a transaction may add: with
+	// ExactlyOnce the bytes left before a partition's dirty and staged
+	// pages reach FlushBytes, measured before the poll, divided by the
+	// bytes one record can dirty (dedup.Options.MaxDirtyBytesPerRecord),
+	// so that a write batch never passes FlushBytes whatever the
+	// partitions a poll touches. Its deduplicators must stage their changes
 	// (dedup.Options.Staged) with ExactlyOnce and must not without: New
 	// returns ErrStaging otherwise.
 	Dedup *dedup.Opener
@@ -147,6 +154,10 @@ func (o Options) withDefaults() Options {
 	if o.FlushBytes == 0 {
 		o.FlushBytes = store.DefaultFlushBytes
 	}
+	if o.TransactionInterval == 0 {
+		o.TransactionInterval = DefaultTransactionInterval
+	}
+	o.TransactionInterval = min(o.TransactionInterval, o.FlushInterval)
 	if o.MaxDecompressBytes == 0 {
 		o.MaxDecompressBytes = 64 << 20
 	}
@@ -162,6 +173,10 @@ func (o Options) withDefaults() Options {
 
 // validate returns every problem of o (after defaults), joined: a required
 // field missing, a topic used for two purposes, or ErrStaging.
+// DefaultTransactionInterval is TransactionInterval's default: Kafka
+// Streams' commit.interval.ms under exactly-once.
+const DefaultTransactionInterval = 100 * time.Millisecond
+
 func (o Options) validate() error {
 	var errs []error
 	if len(o.Brokers) == 0 {

@@ -10,19 +10,24 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// transactLoop is the exactly-once loop. Each poll is one Kafka transaction:
-// decide the polled records (filter changes staged in an overlay), produce
-// the forwarded ones (and, with DuplicatesTopic, the dropped ones) in the
-// transaction, and end it, which commits the
-// consumed offsets with the output. Only if it committed do the staged
-// changes become part of the filter; on abort they are dropped and franz-go
-// rewinds the input to the committed offsets, so the same records are
-// decided again. Write batches go to Badger between transactions, so a
-// checkpoint never covers an uncommitted transaction; a crash after a Kafka
-// commit and before the write batch leaves Badger behind, which recovery
-// replays.
+// transactLoop is the exactly-once loop. Each Kafka transaction decides
+// the records of one or more polls (filter changes staged in an overlay),
+// produces the forwarded ones (and, with DuplicatesTopic, the dropped ones)
+// in the transaction, and ends, which commits the consumed offsets with the
+// output. Only if it committed do the staged changes become part of the
+// filter; on abort they are dropped and franz-go rewinds the input to the
+// committed offsets, so the same records are decided again. Write batches
+// go to Badger between transactions, so a checkpoint never covers an
+// uncommitted transaction; a crash after a Kafka commit and before the
+// write batch leaves Badger behind, which recovery replays.
 //
-// Rebalance callbacks run between iterations (BlockRebalanceOnPoll); a
+// A transaction is sized by time and by the bytes it stages: it polls
+// again until TransactionInterval has passed since it began, each poll
+// bounded by txnBudget, and ends when the budget is spent. Every record a
+// poll returns is decided in the transaction that polled it: End commits
+// the offsets of all polled records.
+//
+// Rebalance callbacks run between transactions (BlockRebalanceOnPoll); a
 // member fenced mid-transaction (session expired, KIP-447 generation check)
 // fails the offset commit, and End aborts.
 //
@@ -30,22 +35,15 @@ import (
 // producer is unusable and the session must be restarted; a partition's
 // storage failure stops the worker through fail.
 func (w *Worker) transactLoop(ctx context.Context) error {
-	// One transaction's dirtied pages must fit in half a write batch
-	// (flushDue cuts one at the other half). The bound per record is
-	// static (dedup.Options.MaxDirtyBytesPerRecord), so the first
-	// transaction after a start or a rebalance is sized like every other.
-	maxRecords := int(max(1, min(pollRecords, w.opts.FlushBytes/2/w.opts.Dedup.Options().MaxDirtyBytesPerRecord())))
 	for ctx.Err() == nil {
 		w.live.stamp("polling and running a transaction")
 		pctx, cancel := context.WithTimeout(ctx, w.opts.FlushInterval)
-		fetches := w.sess.PollRecords(pctx, maxRecords)
+		fetches := w.sess.PollRecords(pctx, max(1, w.txnBudget())) // 0 would be no bound
 		cancel()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			return nil
 		}
-		w.logFetchErrors(fetches)
-		fetches.EachPartition(w.observeHighWatermark)
-		if fetches = w.skipRecords(fetches); w.fatal.Load() {
+		if fetches = w.polled(fetches); w.fatal.Load() {
 			return nil // fail has stopped polling
 		}
 		if fetches.NumRecords() > 0 {
@@ -72,13 +70,56 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 	return nil
 }
 
+// polled does what every poll's fetches need before their records are
+// decided: fetch errors logged, high watermarks noted, batches over
+// MaxDecompressBytes turned into skips (skipRecords, which calls fail when
+// it cannot).
+func (w *Worker) polled(fetches kgo.Fetches) kgo.Fetches {
+	w.logFetchErrors(fetches)
+	fetches.EachPartition(w.observeHighWatermark)
+	return w.skipRecords(fetches)
+}
+
+// txnBudget is how many records the next poll of a transaction may add:
+// for each partition the transaction loop drives, the bytes left before
+// its dirty and staged pages reach FlushBytes, over the bytes one record
+// can dirty (dedup.Options.MaxDirtyBytesPerRecord, a bound that holds for
+// any record); the least of them, and at most pollRecords. flushDue cuts a
+// write batch once the dirty pages reach half of FlushBytes, so a
+// transaction's first poll may add at least FlushBytes/2 of pages, and a
+// write batch never passes FlushBytes, one Badger transaction.
+func (w *Worker) txnBudget() int {
+	per := w.opts.Dedup.Options().MaxDirtyBytesPerRecord()
+	n := int64(pollRecords)
+	for _, pw := range w.partitionsSnapshot() {
+		if !pw.planned.Load() || pw.restoring.Load() {
+			continue // its restore goroutine owns the deduplicator; the group client fetches nothing for it
+		}
+		n = min(n, (w.opts.FlushBytes-pw.dedup.DirtyBytes()-pw.dedup.StagedBytes())/per)
+	}
+	return int(max(0, n))
+}
+
+// partitionsSnapshot returns the assigned partitions, read under mu.
+func (w *Worker) partitionsSnapshot() []*partitionWorker {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	parts := make([]*partitionWorker, 0, len(w.parts))
+	for _, pw := range w.parts {
+		parts = append(parts, pw)
+	}
+	return parts
+}
+
 // errPartitionFailed marks a transaction aborted because a partition failed
 // (it has called fail already).
 var errPartitionFailed = errors.New("consumer: partition failed")
 
-// transact runs one transaction over the polled records.
+// transact runs one transaction over the polled records and those of the
+// polls it makes until TransactionInterval ends or txnBudget is spent.
 func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	w.revokedSinceEnd.Store(false) // End below clears the session's own mark
+	began := time.Now()
 	if err := w.sess.Begin(); err != nil {
 		return fmt.Errorf("beginning a transaction: %w", err)
 	}
@@ -104,20 +145,52 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 			}
 		})
 	})
-	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-		if len(p.Records) == 0 || failed != nil {
-			return
+	records := 0
+	inTxn := map[*partitionWorker]bool{}
+	decide := func(fetches kgo.Fetches) {
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 || failed != nil {
+				return
+			}
+			pw := w.partition(p.Topic, p.Partition)
+			if pw == nil {
+				return // not ours any more; the transaction carries no output for it
+			}
+			if !inTxn[pw] {
+				inTxn[pw] = true
+				touched = append(touched, pw)
+			}
+			records += len(p.Records)
+			pw.process(p.Records, produce)
+			if pw.failed.Load() {
+				failed = fmt.Errorf("%w: %s/%d", errPartitionFailed, p.Topic, p.Partition)
+			}
+		})
+	}
+	decide(fetches)
+	// Poll again until the interval has passed or the budget is spent.
+	// These polls do not end with ctx: what they return must be decided
+	// here, and a stop waits at most one interval.
+	for failed == nil {
+		left := w.opts.TransactionInterval - time.Since(began)
+		budget := w.txnBudget()
+		if left <= 0 || budget < 1 {
+			break
 		}
-		pw := w.partition(p.Topic, p.Partition)
-		if pw == nil {
-			return // not ours any more; the transaction carries no output for it
+		w.live.stamp("polling within a transaction")
+		pctx, cancel := context.WithTimeout(context.Background(), left)
+		more := w.sess.PollRecords(pctx, budget)
+		cancel()
+		if more.IsClientClosed() {
+			break // End fails, and the session restarts
 		}
-		touched = append(touched, pw)
-		pw.process(p.Records, produce)
-		if pw.failed.Load() {
-			failed = fmt.Errorf("%w: %s/%d", errPartitionFailed, p.Topic, p.Partition)
+		if more = w.polled(more); w.fatal.Load() {
+			failed = fmt.Errorf("%w: a batch cannot be skipped", errPartitionFailed) // its offsets were polled: abort
+			break
 		}
-	})
+		decide(more)
+	}
+	w.m.txnRecords.Observe(float64(records))
 
 	// Every produced record must be acknowledged or failed before the
 	// transaction ends: a record that failed (too large, not authorized)
@@ -183,13 +256,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 // the dirty pages reach half of FlushBytes (a transaction adds at most the
 // other half).
 func (w *Worker) flushDue() {
-	w.mu.Lock()
-	parts := make([]*partitionWorker, 0, len(w.parts))
-	for _, pw := range w.parts {
-		parts = append(parts, pw)
-	}
-	w.mu.Unlock()
-	for _, pw := range parts {
+	for _, pw := range w.partitionsSnapshot() {
 		if !pw.planned.Load() || pw.restoring.Load() {
 			continue // its restore goroutine owns (or may be about to own) the deduplicator
 		}

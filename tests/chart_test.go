@@ -100,6 +100,7 @@ kafka:
   metadataMaxAge: 15s
   sessionTimeout: 90s
   delivery: exactly-once
+  transactionInterval: 250ms
   rebuild: empty
   tls:
     enabled: true
@@ -164,6 +165,7 @@ var allValuesEnv = map[string]string{
 	"KDEDUP_SESSION_TIMEOUT":      "90s",
 	"KDEDUP_DELIVERY":             "exactly-once",
 	"KDEDUP_TRANSACTIONAL_ID":     podName,
+	"KDEDUP_TRANSACTION_INTERVAL": "250ms",
 	"KDEDUP_REBUILD":              "empty",
 	"KDEDUP_KEY":                  "header:event-id",
 	"KDEDUP_DELETE_HEADER":        "op=delete",

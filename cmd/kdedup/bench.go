@@ -85,7 +85,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer cluster.Close()
-	o.cluster, o.brokers, o.adm = cluster, cluster.Brokers, cluster.Admin
+	o.brokers, o.adm = cluster.Brokers, cluster.Admin
 
 	_, keys, err := produceBench(ctx, o, in, stdout)
 	if err != nil {
@@ -149,7 +149,6 @@ type benchOptions struct {
 	records, partitions, rounds, bits   int
 	process                             bool
 	cacheBytes, heapProfile, cpuProfile string
-	cluster                             *harness.Cluster // -broker kfake
 	brokers                             []string
 	adm                                 *kadm.Client
 
@@ -178,7 +177,7 @@ func produceBench(ctx context.Context, o benchOptions, topic string, stdout io.W
 		}
 	}
 	start := time.Now()
-	if err := o.cluster.Produce(ctx, topic, recs, stdout); err != nil {
+	if err := harness.Produce(ctx, o.brokers, topic, recs, stdout); err != nil {
 		return nil, 0, err
 	}
 	fmt.Fprintf(stdout, "produced %d records to %s in %s\n", len(recs), topic, time.Since(start).Round(time.Millisecond))
@@ -264,7 +263,7 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 		return runResult{}, err
 	}
 	cmd := exec.Command(exe, "run")
-	cmd.Env = os.Environ()
+	cmd.Env = workerEnv()
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
@@ -557,4 +556,13 @@ func median(xs []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// workerEnv is the environment of a worker process the benchmarks start:
+// this process's, without its KDEDUP_* variables (a test's
+// KDEDUP_TEST_KAFKA, say), which the worker would refuse as unknown, and
+// with vars (NAME=value) added.
+func workerEnv(vars ...string) []string {
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, config.Prefix) })
+	return append(env, vars...)
 }

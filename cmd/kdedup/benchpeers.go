@@ -144,7 +144,7 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 	switch system {
 	case peerKdedup:
 		cmd = exec.Command(exe, "run")
-		cmd.Env = append(os.Environ(), "KDEDUP_BROKERS="+o.brokers[0], "KDEDUP_INPUT_TOPICS=events", "KDEDUP_OUTPUT_TOPIC="+out,
+		cmd.Env = workerEnv("KDEDUP_BROKERS="+o.brokers[0], "KDEDUP_INPUT_TOPICS=events", "KDEDUP_OUTPUT_TOPIC="+out,
 			"KDEDUP_GROUP="+group, "KDEDUP_DATA_DIR="+dir, "KDEDUP_HTTP_ADDR=127.0.0.1:0", "KDEDUP_LOG_FORMAT=text",
 			"KDEDUP_LOG_LEVEL=warn", "KDEDUP_DELIVERY="+delivery, "KDEDUP_WINDOW="+o.window.String())
 	case peerPassthrough:

@@ -63,11 +63,17 @@ func (c *Cluster) Close() {
 	c.fake.Close()
 }
 
-// Produce writes recs to topic in order (scenario.Produce, which sets each
-// record's topic, partition and offset) and, while it runs, prints to
-// progress every two seconds how many it has written.
+// Produce writes recs to topic of c (Produce).
 func (c *Cluster) Produce(ctx context.Context, topic string, recs []*kgo.Record, progress io.Writer) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
+	return Produce(ctx, c.Brokers, topic, recs, progress)
+}
+
+// Produce writes recs to topic on the cluster at brokers (in process or
+// not) in order (scenario.Produce, which sets each record's topic,
+// partition and offset) and, while it runs, prints to progress every two
+// seconds how many it has written.
+func Produce(ctx context.Context, brokers []string, topic string, recs []*kgo.Record, progress io.Writer) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		return fmt.Errorf("creating producer: %w", err)
 	}

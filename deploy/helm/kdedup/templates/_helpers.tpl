@@ -184,6 +184,7 @@ is set, in the order of `kdedup run -h`, then GOMEMLIMIT and extraEnv.
   (list "KDEDUP_SESSION_TIMEOUT" (include "kdedup.sessionTimeout" .))
   (list "KDEDUP_DELIVERY" $k.delivery)
   (list "KDEDUP_TRANSACTIONAL_ID" (ternary $podName nil (eq ($k.delivery | default "") "exactly-once")))
+  (list "KDEDUP_TRANSACTION_INTERVAL" $k.transactionInterval)
   (list "KDEDUP_REBUILD" $k.rebuild)
   (list "KDEDUP_KEY" $d.key)
   (list "KDEDUP_DELETE_HEADER" $d.deleteHeader)
