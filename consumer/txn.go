@@ -84,13 +84,17 @@ func (w *Worker) polled(fetches kgo.Fetches) kgo.Fetches {
 // for each partition the transaction loop drives, the bytes left before
 // its dirty and staged pages reach FlushBytes, over the bytes one record
 // can dirty (dedup.Options.MaxDirtyBytesPerRecord, a bound that holds for
-// any record); the least of them, and at most pollRecords. flushDue cuts a
+// any record); the least of them, and at most pollRecords and
+// FlushBytes over that bound (a partition yet to be assigned). flushDue cuts a
 // write batch once the dirty pages reach half of FlushBytes, so a
 // transaction's first poll may add at least FlushBytes/2 of pages, and a
 // write batch never passes FlushBytes, one Badger transaction.
 func (w *Worker) txnBudget() int {
 	per := w.opts.Dedup.Options().MaxDirtyBytesPerRecord()
-	n := int64(pollRecords)
+	// A partition assigned while the poll waits has nothing dirty or
+	// staged yet (a write batch ends every replay): it bounds the poll
+	// like an idle one.
+	n := min(pollRecords, w.opts.FlushBytes/per)
 	for _, pw := range w.partitionsSnapshot() {
 		if !pw.planned.Load() || pw.restoring.Load() {
 			continue // its restore goroutine owns the deduplicator; the group client fetches nothing for it
