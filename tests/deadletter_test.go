@@ -12,11 +12,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -765,6 +767,127 @@ func TestMaxRecordBytesFromBroker(t *testing.T) {
 			requireExact(t, want, got)
 			if len(deadRead) != 1 || string(deadRead[0].Key) != "big" {
 				t.Fatalf("dead letters %d, want the record above KDEDUP_MAX_RECORD_BYTES", len(deadRead))
+			}
+		})
+	}
+}
+
+// abortedTxns is the worker's kdedup_transactions_total{outcome="aborted"},
+// gathered without a *testing.T so that a kfake fault can ask for it.
+func abortedTxns(reg *prometheus.Registry) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "kdedup_transactions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == "aborted" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestProduceErrorAborts (exactly once; kfake only, for its fault
+// injection): the broker answers the worker's produce requests to the
+// output with POLICY_VIOLATION, a produce error tied neither to a record
+// (too large, invalid: bounded per record) nor to the topic (missing, not
+// writable: stops at once). docs/semantics.md promises that such errors
+// abort at most three transactions in a row, then stop the worker:
+//   - on every produce: the worker stops with an error saying it failed 3
+//     times in a row and naming the cause, after exactly 3 aborted
+//     transactions and none committed; the output holds nothing and the
+//     group has committed nothing;
+//   - until 2 transactions have aborted (the fault asks the worker's
+//     metrics, so the third transaction's produce is the first answered):
+//     the worker keeps running, exactly 2 transactions aborted, and the
+//     output is exactly the model's.
+func TestProduceErrorAborts(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		aborts float64 // transactions aborted while the fault lasts; 0: it never ends
+	}{
+		{"every produce", 0},
+		{"two aborts", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPipeline(t, 1)
+			p.delivery = "exactly-once"
+			c := p.b.fake(t)
+			recs := scenario.Generate(scenario.Options{Keys: 100, Seed: 18})
+			if err := scenario.Produce(context.Background(), p.b.client(t), p.in, recs); err != nil {
+				t.Fatal(err)
+			}
+			var reg atomic.Pointer[prometheus.Registry]
+			fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: p.out, Err: kerr.PolicyViolation, Count: -1,
+				When: func(kmsg.Request) bool {
+					r := reg.Load()
+					return tc.aborts == 0 || r == nil || abortedTxns(r) < tc.aborts
+				}})
+			defer fault.Remove()
+			w := p.startWorker(t, t.TempDir())
+			reg.Store(w.reg)
+
+			if tc.aborts != 0 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				caughtUp := make(chan error, 1)
+				go func() { caughtUp <- scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in) }()
+				select {
+				case err := <-w.done:
+					w.done <- nil
+					t.Fatalf("worker stopped with %v after %v aborted transactions, want it running", err, abortedTxns(w.reg))
+				case err := <-caughtUp:
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				want, got := p.output(t, recs)
+				w.running(t)
+				aborted := w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted")
+				w.stop(t)
+				requireExact(t, want, got)
+				if aborted != tc.aborts {
+					t.Errorf("%v transactions aborted, want exactly %v (the fault's)", aborted, tc.aborts)
+				}
+				return
+			}
+			select {
+			case err := <-w.done:
+				w.done <- nil
+				for _, want := range []string{"failed 3 times in a row", kerr.PolicyViolation.Message} {
+					if err == nil || !strings.Contains(err.Error(), want) {
+						t.Fatalf("worker stopped with %v, want an error containing %q", err, want)
+					}
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatalf("worker still running 60s after its produce requests began to fail (aborted transactions %v)",
+					w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted"))
+			}
+			if aborted := w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted"); aborted != 3 {
+				t.Errorf("%v transactions aborted, want exactly 3", aborted)
+			}
+			if committed := w.metricWith(t, "kdedup_transactions_total", "outcome", "committed"); committed != 0 {
+				t.Errorf("%v transactions committed, want none", committed)
+			}
+			if got := p.groupOffsets(t); len(got) != 0 {
+				t.Errorf("group offsets %v, want none committed", got)
+			}
+			fault.Remove() // ReadAll produces end markers to the output
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			out, err := scenario.ReadAll(ctx, p.b.addrs, p.out, p.b.conn...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(out) != 0 {
+				t.Errorf("output holds %d records, want none", len(out))
 			}
 		})
 	}
