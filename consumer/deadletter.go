@@ -482,8 +482,9 @@ type rejection struct {
 const refusalsAlone = 2
 
 // maxProduceAborts bounds consecutive transactions aborted by produce
-// errors not tied to a record (those are bounded per record, above): past
-// it the worker stops instead of aborting in a loop.
+// errors not tied to a record (those are bounded per record, above): the
+// abort that reaches it stops the worker instead of aborting in a loop, so
+// that at most this many transactions abort in a row.
 const maxProduceAborts = 3
 
 // sendTxn is send's exactly-once part for a record refused in an earlier
@@ -578,7 +579,7 @@ func (w *Worker) endTxnRejections(committed bool, prodErr error) error {
 		t.abortsRun = 0
 		return nil
 	}
-	if t.abortsRun++; t.abortsRun > maxProduceAborts {
+	if t.abortsRun++; t.abortsRun >= maxProduceAborts {
 		return fmt.Errorf("producing in a transaction failed %d times in a row; stopping instead of aborting again: %w", t.abortsRun, prodErr)
 	}
 	return nil

@@ -6,17 +6,22 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -610,33 +615,33 @@ func TestOutputTopicDeleted(t *testing.T) {
 // decompressed: one dead letter without value names its offsets, its
 // records are skipped, and the rest of the stream is exactly the model's.
 // Without a dead-letter topic the worker stops naming the batch's offset.
+// Memory (both modes): a batch of 64 MiB of zeros in each partition, read
+// by worker processes that are running already (so that start-up is not
+// counted), makes each allocate (go_memstats_alloc_bytes_total) less than
+// half the bomb, 32 times the limit: the one deciding past both bombs
+// until the group has committed past them (1.1 MiB seen), and a second
+// one, without state, replaying past a bomb with its restore client once
+// the first stops (6 to 10 MiB seen, most of it the restore client). Raising
+// the limit of the worker's client or of the restore client makes that
+// 200 or 71 MiB: nothing decompressed the bomb, nothing grew.
 func TestCompressionBomb(t *testing.T) {
-	bomb := func(t *testing.T, p *pipeline) (first int64, recs []*kgo.Record) {
+	// bomb produces records 0-99 of a stream, then n records of 2 MiB of
+	// zeros in one zstd batch to partition 0, then records 100-199, and
+	// returns the first offset of the batch and the stream.
+	bomb := func(t *testing.T, p *pipeline, n int) (first int64, recs []*kgo.Record) {
 		recs = scenario.Generate(scenario.Options{Keys: 200, Seed: 16})
 		cl := p.b.client(t)
 		if err := scenario.Produce(context.Background(), cl, p.in, recs[:100]); err != nil {
 			t.Fatal(err)
 		}
-		zcl := p.b.bigClient(t, kgo.ProducerBatchCompression(kgo.ZstdCompression()), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-		var bombs []*kgo.Record
-		for i := range 3 {
-			bombs = append(bombs, &kgo.Record{Topic: p.in, Partition: 0, Key: fmt.Appendf(nil, "bomb-%d", i), Value: make([]byte, 2<<20)})
-		}
-		res := zcl.ProduceSync(context.Background(), bombs...)
-		if err := res.FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-		if err := scenario.Produce(context.Background(), cl, p.in, recs[100:]); err != nil {
-			t.Fatal(err)
-		}
-		return bombs[0].Offset, recs
+		return bombAfter(t, p, n, recs)
 	}
 	deliveries(t, func(t *testing.T, delivery string) {
 		p := newPipeline(t, 2)
 		p.delivery = delivery
 		dead := p.withDeadLetterTopic(t, 0)
 		p.extraEnv["KDEDUP_MAX_DECOMPRESS_BYTES"] = "1MiB"
-		first, recs := bomb(t, p)
+		first, recs := bomb(t, p, 3)
 		dir := t.TempDir()
 		w := p.startWorker(t, dir)
 		want, got := p.output(t, recs)
@@ -687,7 +692,7 @@ func TestCompressionBomb(t *testing.T) {
 	t.Run("no dead-letter topic", func(t *testing.T) {
 		p := newPipeline(t, 2)
 		p.extraEnv = map[string]string{"KDEDUP_MAX_DECOMPRESS_BYTES": "1MiB"}
-		first, _ := bomb(t, p)
+		first, _ := bomb(t, p, 3)
 		w := p.startWorker(t, t.TempDir())
 		select {
 		case err := <-w.done:
@@ -700,6 +705,144 @@ func TestCompressionBomb(t *testing.T) {
 			t.Fatal("worker still running 60s after a batch over KDEDUP_MAX_DECOMPRESS_BYTES")
 		}
 	})
+	t.Run("memory", func(t *testing.T) {
+		deliveries(t, func(t *testing.T, delivery string) {
+			const limit = 1 << 20    // KDEDUP_MAX_DECOMPRESS_BYTES
+			const n = 32             // records of 2 MiB: a 64 MiB bomb
+			const bound = 32 * limit // half the bomb
+			p := newPipeline(t, 2)
+			p.delivery = delivery
+			dead := p.withDeadLetterTopic(t, 0)
+			p.extraEnv["KDEDUP_MAX_DECOMPRESS_BYTES"] = "1MiB"
+			recs := scenario.Generate(scenario.Options{Keys: 200, Seed: 16})
+			cl := p.b.client(t)
+			if err := scenario.Produce(context.Background(), cl, p.in, recs[:100]); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			adm := p.b.admin(t)
+			requireSmall := func(what string, grown float64) {
+				t.Helper()
+				t.Logf("%s: the worker allocated %.1f MiB", what, grown/(1<<20))
+				if grown >= bound {
+					t.Errorf("%s: the worker allocated %.1f MiB, want less than %d MiB: a bomb of %d MiB of zeros was decompressed",
+						what, grown/(1<<20), bound>>20, 2*n)
+				}
+			}
+
+			// The decision path: a worker that is running reads a bomb in
+			// each partition. The producer's 64 MiB are allocated in the
+			// test's process; the worker's allocations are its own.
+			a := p.startProcess(t, t.TempDir(), "KDEDUP_LOG_LEVEL=info")
+			if err := scenario.WaitCaughtUp(ctx, adm, p.group, p.in); err != nil {
+				t.Fatal(err)
+			}
+			before := a.metricValue(t, "go_memstats_alloc_bytes_total")
+			first := []int64{bombTo(t, p, 0, n), bombTo(t, p, 1, n)}
+			if err := scenario.Produce(context.Background(), cl, p.in, recs[100:]); err != nil {
+				t.Fatal(err)
+			}
+			if err := scenario.WaitCaughtUp(ctx, adm, p.group, p.in); err != nil {
+				t.Fatal(err)
+			}
+			requireSmall("deciding past two bombs", a.metricValue(t, "go_memstats_alloc_bytes_total")-before)
+
+			// The replay path: a second worker without state takes the
+			// first's partitions, one when it joins, the other once the
+			// first stops, when it is running already; its restore client
+			// replays through that partition's bomb.
+			b := p.startProcess(t, t.TempDir(), "KDEDUP_LOG_LEVEL=info")
+			p.waitMembers(t, 2)
+			b.waitReady(t)
+			replayedJoining := b.metricValue(t, "kdedup_replayed_records_total")
+			before = b.metricValue(t, "go_memstats_alloc_bytes_total")
+			if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if code := a.waitExit(t, 30*time.Second); code != 0 {
+				t.Fatalf("the first worker exited with %d, want 0", code)
+			}
+			deadline := time.Now().Add(60 * time.Second)
+			for b.metricValue(t, "kdedup_replayed_records_total") < float64(len(recs)) || b.metricValue(t, "kdedup_partitions_restoring") > 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("the second worker replayed %v of %d records within 60s (%v when it had joined)",
+						b.metricValue(t, "kdedup_replayed_records_total"), len(recs), replayedJoining)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			requireSmall("replaying past a bomb", b.metricValue(t, "go_memstats_alloc_bytes_total")-before)
+
+			want, got := p.output(t, recs)
+			requireExact(t, want, got)
+			deadRead := p.readTopic(t, dead)
+			if len(deadRead) != 2 {
+				t.Fatalf("dead-letter topic holds %d records, want 2 (one per bomb)", len(deadRead))
+			}
+			wantBatches := map[string]string{} // kdedup-source to kdedup-source-end
+			for part, f := range first {
+				wantBatches[fmt.Sprintf("%s/%d/%d", p.in, part, f)] = strconv.FormatInt(f+n, 10)
+			}
+			gotBatches := map[string]string{}
+			for _, dl := range deadRead {
+				src, _ := header(dl, "kdedup-source")
+				gotBatches[src], _ = header(dl, "kdedup-source-end")
+			}
+			if !maps.Equal(gotBatches, wantBatches) {
+				t.Errorf("dead letters name the batches %v (source: end), want %v", gotBatches, wantBatches)
+			}
+		})
+	})
+}
+
+// bombAfter produces n records of 2 MiB of zeros in one zstd batch (a few
+// KiB on the wire) to partition 0 of the input, then records 100-199 of
+// recs, and returns the first offset of the batch and recs.
+func bombAfter(t *testing.T, p *pipeline, n int, recs []*kgo.Record) (first int64, _ []*kgo.Record) {
+	t.Helper()
+	first = bombTo(t, p, 0, n)
+	if err := scenario.Produce(context.Background(), p.b.client(t), p.in, recs[100:]); err != nil {
+		t.Fatal(err)
+	}
+	return first, recs
+}
+
+// bombTo produces n records of 2 MiB of zeros in one zstd batch (a few KiB
+// on the wire) to the input's partition, and returns the batch's first
+// offset.
+func bombTo(t *testing.T, p *pipeline, partition int32, n int) int64 {
+	t.Helper()
+	zcl := p.b.client(t, kgo.ProducerBatchMaxBytes(int32(n+1)<<21), kgo.BrokerMaxWriteBytes(int32(n+2)<<21),
+		kgo.ProducerBatchCompression(kgo.ZstdCompression()), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	defer zcl.Close()
+	var bombs []*kgo.Record
+	for i := range n {
+		bombs = append(bombs, &kgo.Record{Topic: p.in, Partition: partition, Key: fmt.Appendf(nil, "bomb-%d-%d", partition, i), Value: make([]byte, 2<<20)})
+	}
+	if err := zcl.ProduceSync(context.Background(), bombs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	return bombs[0].Offset
+}
+
+// metricValue sums the worker process's samples of the metric named name
+// over their labels.
+func (p *process) metricValue(t *testing.T, name string) float64 {
+	t.Helper()
+	_, body := get(t, p.httpAddr(t), "/metrics")
+	samples := regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(name)+`(?:\{[^}]*\})? (\S+)$`).FindAllStringSubmatch(body, -1)
+	if samples == nil && !strings.Contains(body, "# TYPE "+name+" ") {
+		t.Fatalf("the worker exports no %s", name)
+	}
+	total := 0.0
+	for _, m := range samples {
+		v, err := strconv.ParseFloat(m[1], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += v
+	}
+	return total
 }
 
 // TestTopicNotWritable: with ACLs, a worker whose principal may describe
@@ -775,6 +918,127 @@ func TestMaxRecordBytesFromBroker(t *testing.T) {
 			requireExact(t, want, got)
 			if len(deadRead) != 1 || string(deadRead[0].Key) != "big" {
 				t.Fatalf("dead letters %d, want the record above KDEDUP_MAX_RECORD_BYTES", len(deadRead))
+			}
+		})
+	}
+}
+
+// abortedTxns is the worker's kdedup_transactions_total{outcome="aborted"},
+// gathered without a *testing.T so that a kfake fault can ask for it.
+func abortedTxns(reg *prometheus.Registry) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "kdedup_transactions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == "aborted" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestProduceErrorAborts (exactly once; kfake only, for its fault
+// injection): the broker answers the worker's produce requests to the
+// output with POLICY_VIOLATION, a produce error tied neither to a record
+// (too large, invalid: bounded per record) nor to the topic (missing, not
+// writable: stops at once). docs/semantics.md promises that such errors
+// abort at most three transactions in a row, then stop the worker:
+//   - on every produce: the worker stops with an error saying it failed 3
+//     times in a row and naming the cause, after exactly 3 aborted
+//     transactions and none committed; the output holds nothing and the
+//     group has committed nothing;
+//   - until 2 transactions have aborted (the fault asks the worker's
+//     metrics, so the third transaction's produce is the first answered):
+//     the worker keeps running, exactly 2 transactions aborted, and the
+//     output is exactly the model's.
+func TestProduceErrorAborts(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		aborts float64 // transactions aborted while the fault lasts; 0: it never ends
+	}{
+		{"every produce", 0},
+		{"two aborts", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPipeline(t, 1)
+			p.delivery = "exactly-once"
+			c := p.b.fake(t)
+			recs := scenario.Generate(scenario.Options{Keys: 100, Seed: 18})
+			if err := scenario.Produce(context.Background(), p.b.client(t), p.in, recs); err != nil {
+				t.Fatal(err)
+			}
+			var reg atomic.Pointer[prometheus.Registry]
+			fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: p.out, Err: kerr.PolicyViolation, Count: -1,
+				When: func(kmsg.Request) bool {
+					r := reg.Load()
+					return tc.aborts == 0 || r == nil || abortedTxns(r) < tc.aborts
+				}})
+			defer fault.Remove()
+			w := p.startWorker(t, t.TempDir())
+			reg.Store(w.reg)
+
+			if tc.aborts != 0 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				caughtUp := make(chan error, 1)
+				go func() { caughtUp <- scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in) }()
+				select {
+				case err := <-w.done:
+					w.done <- nil
+					t.Fatalf("worker stopped with %v after %v aborted transactions, want it running", err, abortedTxns(w.reg))
+				case err := <-caughtUp:
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				want, got := p.output(t, recs)
+				w.running(t)
+				aborted := w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted")
+				w.stop(t)
+				requireExact(t, want, got)
+				if aborted != tc.aborts {
+					t.Errorf("%v transactions aborted, want exactly %v (the fault's)", aborted, tc.aborts)
+				}
+				return
+			}
+			select {
+			case err := <-w.done:
+				w.done <- nil
+				for _, want := range []string{"failed 3 times in a row", kerr.PolicyViolation.Message} {
+					if err == nil || !strings.Contains(err.Error(), want) {
+						t.Fatalf("worker stopped with %v, want an error containing %q", err, want)
+					}
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatalf("worker still running 60s after its produce requests began to fail (aborted transactions %v)",
+					w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted"))
+			}
+			if aborted := w.metricWith(t, "kdedup_transactions_total", "outcome", "aborted"); aborted != 3 {
+				t.Errorf("%v transactions aborted, want exactly 3", aborted)
+			}
+			if committed := w.metricWith(t, "kdedup_transactions_total", "outcome", "committed"); committed != 0 {
+				t.Errorf("%v transactions committed, want none", committed)
+			}
+			if got := p.groupOffsets(t); len(got) != 0 {
+				t.Errorf("group offsets %v, want none committed", got)
+			}
+			fault.Remove() // ReadAll produces end markers to the output
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			out, err := scenario.ReadAll(ctx, p.b.addrs, p.out, p.b.conn...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(out) != 0 {
+				t.Errorf("output holds %d records, want none", len(out))
 			}
 		})
 	}

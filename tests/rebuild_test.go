@@ -40,7 +40,14 @@ func rebuildParts(n int) (part1, part2 []*kgo.Record) {
 // groupOffsets returns the group's committed offsets of the input topic.
 func (p *pipeline) groupOffsets(t *testing.T) map[int32]int64 {
 	t.Helper()
-	resp, err := p.b.admin(t).FetchOffsets(context.Background(), p.group)
+	return p.groupOffsetsWith(t, p.b.admin(t))
+}
+
+// groupOffsetsWith is groupOffsets through adm, for a test that asks many
+// times.
+func (p *pipeline) groupOffsetsWith(t *testing.T, adm *kadm.Client) map[int32]int64 {
+	t.Helper()
+	resp, err := adm.FetchOffsets(context.Background(), p.group)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,10 +68,20 @@ type replayProbe func(t *testing.T) (ready bool, restoring, batches float64)
 // interruptMidReplay waits until the worker has committed at least 10
 // write batches of a replay that is still running on every partition, and
 // for at least three flush intervals of the suite (as many group commit
-// intervals at least once), checking that it is not ready meanwhile; then
-// it calls interrupt.
-func interruptMidReplay(t *testing.T, partitions int32, probe replayProbe, interrupt func()) {
+// intervals at least once), checking that it is not ready meanwhile and
+// that the group's committed offsets stay the ones before the rebuild
+// (group, read at every probe and once more after the last one, after the
+// write batches counted: a replay that committed to the group would be
+// seen here whatever the interruption does to the offsets later); then it
+// calls interrupt.
+func interruptMidReplay(t *testing.T, partitions int32, probe replayProbe, group func() map[int32]int64, before map[int32]int64, interrupt func()) {
 	t.Helper()
+	unchanged := func(batches float64) {
+		t.Helper()
+		if got := group(); !maps.Equal(got, before) {
+			t.Fatalf("group offsets moved during the replay (after %v write batches): %v before, %v now", batches, before, got)
+		}
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	var started time.Time
 	for time.Now().Before(deadline) {
@@ -72,10 +89,12 @@ func interruptMidReplay(t *testing.T, partitions int32, probe replayProbe, inter
 		if restoring > 0 && ready {
 			t.Fatalf("worker ready while %v partitions replay", restoring)
 		}
+		unchanged(batches)
 		if restoring > 0 && started.IsZero() {
 			started = time.Now()
 		}
 		if restoring == float64(partitions) && batches >= 10 && time.Since(started) >= 300*time.Millisecond {
+			unchanged(batches)
 			t.Logf("interrupting the replay after %v write batches", batches)
 			interrupt()
 			return
@@ -98,7 +117,10 @@ var slowReplay = map[string]string{"KDEDUP_FLUSH_BYTES": "4KiB"}
 // stopped gracefully, SIGKILLed, or loses the replaying partition to a
 // rebalance, each after at least 10 write batches of the replay. The
 // group's committed offsets must not move (a replay is local progress
-// only), /readyz must answer 503 while the replay runs, and after a
+// only), neither while the replay runs (read at every probe: a graceful
+// stop or a revocation commits the group offsets again, which would hide
+// a replay's commit from a comparison after the interruption alone) nor
+// by the interruption; /readyz must answer 503 while the replay runs, and after a
 // restart the output of a second part of the stream is exactly the
 // model's, in both delivery modes.
 func TestInterruptedRebuild(t *testing.T) {
@@ -111,6 +133,8 @@ func TestInterruptedRebuild(t *testing.T) {
 				dir := t.TempDir()
 				p.runPart(t, dir, part1)
 				before := p.groupOffsets(t)
+				adm := p.b.admin(t)
+				group := func() map[int32]int64 { return p.groupOffsetsWith(t, adm) }
 				if err := os.RemoveAll(dir); err != nil {
 					t.Fatal(err)
 				}
@@ -119,17 +143,17 @@ func TestInterruptedRebuild(t *testing.T) {
 				switch how {
 				case "stop":
 					w := p.startWorker(t, dir)
-					interruptMidReplay(t, p.partitions, w.replayProbe, func() { w.stop(t) })
+					interruptMidReplay(t, p.partitions, w.replayProbe, group, before, func() { w.stop(t) })
 				case "kill":
 					var env []string
 					for k, v := range maps.All(slowReplay) {
 						env = append(env, k+"="+v)
 					}
 					pr := p.startProcess(t, dir, append(env, "KDEDUP_LOG_LEVEL=info")...)
-					interruptMidReplay(t, p.partitions, pr.replayProbe, pr.kill)
+					interruptMidReplay(t, p.partitions, pr.replayProbe, group, before, pr.kill)
 				case "rebalance":
 					w := p.startWorker(t, dir)
-					interruptMidReplay(t, p.partitions, w.replayProbe, func() {
+					interruptMidReplay(t, p.partitions, w.replayProbe, group, before, func() {
 						p.extraEnv = nil
 						p.startWorker(t, t.TempDir())
 						p.waitMembers(t, 2)

@@ -30,6 +30,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&o.keys, "keys", 50_000, "distinct keys in the generated stream")
 	fs.IntVar(&o.partitions, "partitions", 4, "partitions of the input and output topics")
 	fs.IntVar(&o.bits, "fingerprint-bits", 32, "fingerprint width; 32 makes a false drop in the demo improbable (about 1e-9 per lookup), so the output can be checked exactly")
+	fs.IntVar(&o.bucketSize, "bucket-size", 0, "fingerprint slots per bucket, 2, 4 or 8; 0 for the worker's default (KDEDUP_BUCKET_SIZE)")
 	delivery := fs.String("delivery", "at-least-once", "at-least-once, exactly-once, or both (runs each on the same stream and compares records/s)")
 	fs.BoolVar(&o.verbose, "v", false, "show the worker's info logs")
 	if err := fs.Parse(args); err != nil {
@@ -65,6 +66,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 type demoOptions struct {
 	keys, partitions, bits int
+	bucketSize             int // 0: the configuration's default
 	delivery               string
 	verbose                bool
 }
@@ -92,12 +94,16 @@ func runDemo(ctx context.Context, o demoOptions, recs []*kgo.Record, stdout, std
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	cfg, err := config.LoadFrom(map[string]string{
+	env := map[string]string{
 		"KDEDUP_BROKERS": cluster.Brokers[0], "KDEDUP_INPUT_TOPICS": in, "KDEDUP_OUTPUT_TOPIC": out, "KDEDUP_GROUP": group,
 		"KDEDUP_DATA_DIR": dir, "KDEDUP_HTTP_ADDR": "127.0.0.1:0", "KDEDUP_FINGERPRINT_BITS": strconv.Itoa(o.bits),
 		"KDEDUP_DELIVERY":   o.delivery,
 		"KDEDUP_LOG_FORMAT": "text", "KDEDUP_LOG_LEVEL": map[bool]string{true: "info", false: "warn"}[o.verbose],
-	})
+	}
+	if o.bucketSize != 0 {
+		env["KDEDUP_BUCKET_SIZE"] = strconv.Itoa(o.bucketSize)
+	}
+	cfg, err := config.LoadFrom(env)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -142,8 +148,8 @@ func runDemo(ctx context.Context, o demoOptions, recs []*kgo.Record, stdout, std
 	tw.Flush()
 	elapsed := caughtUp.Sub(w.ReadyAt)
 	rate := float64(len(recs)) / elapsed.Seconds()
-	fmt.Fprintf(stdout, "\nfilter (%d partitions, f=%d, b=4): %.0f keys held, sub-filters per partition up to %.0f, load factor up to %.4f, estimated FPR up to %.3g\n",
-		o.partitions, o.bits, sum("kdedup_filter_items"), maxMetric(metrics, "kdedup_filter_sub_filters"),
+	fmt.Fprintf(stdout, "\nfilter (%d partitions, f=%d, b=%d): %.0f keys held, sub-filters per partition up to %.0f, load factor up to %.4f, estimated FPR up to %.3g\n",
+		o.partitions, o.bits, cfg.BucketSize, sum("kdedup_filter_items"), maxMetric(metrics, "kdedup_filter_sub_filters"),
 		maxMetric(metrics, "kdedup_filter_load_factor"), maxMetric(metrics, "kdedup_filter_estimated_fpr"))
 	if o.delivery == "exactly-once" {
 		fmt.Fprintf(stdout, "transactions: %.0f committed, %.0f aborted\n",

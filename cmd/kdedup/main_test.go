@@ -120,14 +120,30 @@ func TestConfigurationDocListsEveryVariable(t *testing.T) {
 }
 
 // TestDemo runs the demo on a small stream: it must find the worker's output
-// equal to the exact model.
+// equal to the exact model, and print the filter's parameters the worker
+// ran with: the default bucket size (KDEDUP_BUCKET_SIZE, 4) and the one
+// -bucket-size sets.
 func TestDemo(t *testing.T) {
-	var out bytes.Buffer
-	if err := dispatch(context.Background(), []string{"demo", "-keys", "3000", "-partitions", "3"}, &out, &out); err != nil {
-		t.Fatalf("demo: %v\n%s", err, out.String())
-	}
-	if !strings.Contains(out.String(), "output matches the exact model") {
-		t.Fatalf("demo output:\n%s", out.String())
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		filter string
+	}{
+		{"default", nil, "filter (3 partitions, f=32, b=4)"},
+		{"bucket size 2", []string{"-bucket-size", "2"}, "filter (3 partitions, f=32, b=2)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			args := append([]string{"demo", "-keys", "3000", "-partitions", "3"}, tc.args...)
+			if err := dispatch(context.Background(), args, &out, &out); err != nil {
+				t.Fatalf("demo: %v\n%s", err, out.String())
+			}
+			for _, want := range []string{tc.filter, "output matches the exact model"} {
+				if !strings.Contains(out.String(), want) {
+					t.Fatalf("demo output lacks %q:\n%s", want, out.String())
+				}
+			}
+		})
 	}
 }
 

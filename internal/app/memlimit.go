@@ -19,18 +19,29 @@ import (
 const memoryOverheadBytes = 640 << 20
 
 // SetMemoryLimit sets the Go runtime's soft memory limit
-// (debug.SetMemoryLimit) of a process that runs one worker to the page
-// cache plus memoryOverheadBytes, so that the collector returns Badger's
-// discarded table buffers before the heap doubles. A limit the user chose
-// with GOMEMLIMIT (even "off") is left alone. Call it from the process's
-// main, not where a worker shares its heap with other work (kdedup demo and
-// bench run a broker in the same process): there the limit would make the
+// (debug.SetMemoryLimit) of a process that runs one worker to
+// memoryLimit's, so that the collector returns Badger's discarded table
+// buffers before the heap doubles. Call it from the process's main, not
+// where a worker shares its heap with other work (kdedup demo and bench
+// run a broker in the same process): there the limit would make the
 // collector run without pause.
 func SetMemoryLimit(cfg config.Config, log *slog.Logger) {
-	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
+	limit, ok := memoryLimit(cfg, os.LookupEnv)
+	if !ok {
 		return
 	}
-	limit := int64(cfg.CacheBytes) + memoryOverheadBytes
 	debug.SetMemoryLimit(limit)
 	log.Debug("go soft memory limit", "bytes", limit)
+}
+
+// memoryLimit is the soft memory limit in bytes for a worker configured
+// by cfg: the page cache (KDEDUP_CACHE_BYTES) plus memoryOverheadBytes.
+// It reports false when the environment, read through lookupEnv, sets
+// GOMEMLIMIT (even to "off" or to nothing): a limit the user chose is left
+// alone.
+func memoryLimit(cfg config.Config, lookupEnv func(string) (string, bool)) (int64, bool) {
+	if _, set := lookupEnv("GOMEMLIMIT"); set {
+		return 0, false
+	}
+	return int64(cfg.CacheBytes) + memoryOverheadBytes, true
 }
