@@ -19,7 +19,6 @@ import (
 // what they carried is never appended; other producers (a restarted
 // worker, the test's feeder) are not touched.
 type produceHold struct {
-	c       *kfake.Cluster
 	holding atomic.Bool
 	release chan struct{}
 	once    sync.Once
@@ -34,7 +33,7 @@ type produceHold struct {
 // holdProduce installs the hold on topic; it begins with begin.
 func holdProduce(t *testing.T, c *kfake.Cluster, topic string, id [16]byte) *produceHold {
 	t.Helper()
-	h := &produceHold{c: c, release: make(chan struct{}), producer: -1}
+	h := &produceHold{release: make(chan struct{}), producer: -1}
 	t.Cleanup(h.end) // before the cluster closes: no control function left asleep
 	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()

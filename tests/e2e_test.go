@@ -119,7 +119,7 @@ func TestGracefulStopMidStream(t *testing.T) {
 // per partition.
 func TestKillLosesNothing(t *testing.T) {
 	p := newPipeline(t, 4)
-	recs := scenario.Generate(scenario.Options{Keys: 25000, Seed: 3})
+	recs := scenario.Generate(scenario.Options{Keys: 35000, Seed: 3})
 	dir := t.TempDir()
 	const chunk, pause, kills = 10, 10 * time.Millisecond, 8
 	budget := p.newRepeatBudget(t, chunk)
