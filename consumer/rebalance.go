@@ -230,11 +230,14 @@ func (w *Worker) startEmpty(ctx context.Context, adm *kadm.Client, seen *groupOf
 		w.log.Info("partition added since the group started: reading it from the start, not KDEDUP_START_OFFSET=latest", "topic", topic, "partition", p)
 		return kgo.NewOffset().AtStart(), nil
 	}
-	ends, err := adm.ListEndOffsets(ctx, topic)
-	if err != nil {
-		return o, fmt.Errorf("listing end offsets for KDEDUP_START_OFFSET=latest: %w", err)
+	if seen.ends == nil {
+		ends, err := adm.ListEndOffsets(ctx, w.opts.InputTopics...)
+		if err != nil {
+			return o, fmt.Errorf("listing end offsets for KDEDUP_START_OFFSET=latest: %w", err)
+		}
+		seen.ends = ends
 	}
-	e, found := ends.Lookup(topic, p)
+	e, found := seen.ends.Lookup(topic, p)
 	if !found || e.Err != nil {
 		return o, fmt.Errorf("listing the end offset of %s/%d for KDEDUP_START_OFFSET=latest: %v", topic, p, e.Err)
 	}

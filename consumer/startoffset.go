@@ -23,6 +23,9 @@ import (
 type groupOffsets struct {
 	fetched   bool
 	committed map[string]bool
+	// ends are the input's end offsets, listed once per adjustment for
+	// the partitions that start at the end (startEmpty).
+	ends kadm.ListedOffsets
 }
 
 // topicCommitted reports whether the group has a committed offset for some
