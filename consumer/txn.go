@@ -35,10 +35,14 @@ import (
 // producer is unusable and the session must be restarted; a partition's
 // storage failure stops the worker through fail.
 func (w *Worker) transactLoop(ctx context.Context) error {
+	// The budget of each transaction's first poll is taken while
+	// rebalances are still blocked by the previous poll: once
+	// AllowRebalance returns, a revocation may close any partition.
+	budget := w.txnBudgetOf(nil)
 	for ctx.Err() == nil {
 		w.live.stamp("polling and running a transaction")
 		pctx, cancel := context.WithTimeout(ctx, w.opts.FlushInterval)
-		fetches := w.sess.PollRecords(pctx, max(1, w.txnBudget())) // 0 would be no bound
+		fetches := w.sess.PollRecords(pctx, max(1, budget)) // 0 would be no bound
 		cancel()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			return nil
@@ -65,6 +69,7 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 			}
 		}
 		w.flushDue()
+		budget = w.txnBudget()
 		w.sess.AllowRebalance()
 	}
 	return nil
@@ -89,13 +94,20 @@ func (w *Worker) polled(fetches kgo.Fetches) kgo.Fetches {
 // write batch once the dirty pages reach half of FlushBytes, so a
 // transaction's first poll may add at least FlushBytes/2 of pages, and a
 // write batch never passes FlushBytes, one Badger transaction.
-func (w *Worker) txnBudget() int {
+//
+// It reads the partitions' deduplicators, so it runs only where the
+// transaction loop owns them: with rebalances blocked (between a poll and
+// AllowRebalance), when no revocation can close one.
+func (w *Worker) txnBudget() int { return w.txnBudgetOf(w.partitionsSnapshot()) }
+
+// txnBudgetOf is txnBudget over parts.
+func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
 	per := w.opts.Dedup.Options().MaxDirtyBytesPerRecord()
 	// A partition assigned while the poll waits has nothing dirty or
 	// staged yet (a write batch ends every replay): it bounds the poll
 	// like an idle one.
 	n := min(pollRecords, w.opts.FlushBytes/per)
-	for _, pw := range w.partitionsSnapshot() {
+	for _, pw := range parts {
 		if !pw.planned.Load() || pw.restoring.Load() {
 			continue // its restore goroutine owns the deduplicator; the group client fetches nothing for it
 		}
