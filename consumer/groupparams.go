@@ -43,9 +43,9 @@ func clientID(params string) string {
 
 // checkGroupParams returns ErrGroupParams (wrapped) when a member of the
 // group other than this one has a kdedup client id other than this
-// worker's. It asks once per client (checkedParams).
+// worker's. It asks once per client (checkedParams), until an answer comes.
 func (w *Worker) checkGroupParams(ctx context.Context, cl *kgo.Client, adm *kadm.Client) error {
-	if w.checkedParams.Swap(cl) == cl {
+	if w.checkedParams.Load() == cl {
 		return nil
 	}
 	own := clientID(w.opts.Dedup.Options().StateParams().String())
@@ -55,10 +55,15 @@ func (w *Worker) checkGroupParams(ctx context.Context, cl *kgo.Client, adm *kadm
 	member, _ := cl.GroupMetadata()
 	groups, err := adm.DescribeGroups(ctx, w.opts.Group)
 	if err != nil {
-		w.log.Warn("describing the group to compare its members' state parameters; not compared", "err", err)
+		w.log.Warn("describing the group to compare its members' state parameters; asking again at the next assignment", "err", err)
 		return nil
 	}
 	g := groups[w.opts.Group]
+	if g.Err != nil {
+		w.log.Warn("describing the group to compare its members' state parameters; asking again at the next assignment", "err", g.Err)
+		return nil
+	}
+	w.checkedParams.Store(cl) // asked: once per client
 	for _, m := range g.Members {
 		if m.MemberID == member || !strings.HasPrefix(m.ClientID, clientIDPrefix) || m.ClientID == own {
 			continue

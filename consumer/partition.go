@@ -53,9 +53,13 @@ type partitionWorker struct {
 	// filter before the group client resumes the partition at until.
 	// startReplay runs on the client's goroutine (adjustOffsets); stop
 	// cancels the replay and waits for restoreDone.
-	replayMu      sync.Mutex
-	replay        replayState
-	planned       atomic.Bool // adjustOffsets has decided where it starts
+	replayMu sync.Mutex
+	replay   replayState
+	planned  atomic.Bool // adjustOffsets has decided where it starts
+	// start is where adjustOffsets started it (hasStart: it has), owned
+	// by the group client's goroutine that runs adjustOffsets.
+	start         kgo.Offset
+	hasStart      bool
 	awaitingPlan  atomic.Bool // counted in Worker.unplanned (settlePlan)
 	restoring     atomic.Bool
 	restoreAbort  atomic.Bool // stop(abort): the replay commits nothing more

@@ -47,7 +47,9 @@ func (w *Worker) awaitCompleteAssignment(cl *kgo.Client) {
 			cancel()
 			switch {
 			case complete:
-				w.ready.Store(true)
+				if w.joining.Load() == cl { // not a client that release has given up
+					w.ready.Store(true)
+				}
 				return
 			case err != nil && cl.Context().Err() != nil: // the client closed
 				return

@@ -85,12 +85,21 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 			if pw == nil {
 				continue
 			}
+			if pw.hasStart {
+				// franz-go asks again when a rebalance interrupted its
+				// offset fetch after this partition was planned: its
+				// replay (if any) runs already, and planning twice would
+				// start a second one.
+				ps[p] = pw.start
+				continue
+			}
 			start, err := w.plan(ctx, cl, adm, &starts, &seen, pw, o)
 			pw.planned.Store(true)
 			pw.settlePlan() // after a replay began: readiness never sees a gap
 			if err != nil {
 				return nil, err
 			}
+			pw.start, pw.hasStart = start, true
 			ps[p] = start
 		}
 	}
@@ -220,7 +229,8 @@ func (w *Worker) skipToLogStart(pw *partitionWorker, from, logStart int64) kgo.O
 // A partition that starts at the end starts at the offset listed now, and
 // its first write batch commits that offset (at least once, to the group
 // too), so that records written after the group began are never skipped,
-// even by a member that restarts before deciding any.
+// even by a member that restarts before deciding any (once that first
+// write batch is in, one flush interval after the assignment).
 func (w *Worker) startEmpty(ctx context.Context, adm *kadm.Client, seen *groupOffsets, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
 	topic, p := pw.topic, pw.partition
 	if !w.opts.StartAtLatest {

@@ -268,6 +268,14 @@ func (pw *partitionWorker) skipLost(ctx context.Context, cl *kgo.Client, adm *ka
 		}
 		w.log.Warn("replay is partial: input was deleted before the replay read it (retention or DeleteRecords), so keys first seen there are not in the filter and deletes there are not applied",
 			"topic", pw.topic, "partition", pw.partition, "lost_from", cp.Offset, "lost_to", lostTo)
+		if start > until {
+			// Past the replay's end too: records no owner decided, which
+			// the group client skips when it resumes (its reset offset is
+			// the log start), as the plan's skipToLogStart counts them.
+			w.m.retentionSkipped.Add(float64(start - until))
+			w.log.Warn("records deleted by retention before they were decided: resuming at the earliest retained offset; these records were neither forwarded nor remembered",
+				"topic", pw.topic, "partition", pw.partition, "lost_from", until, "lost_to", start, "lost_offsets", start-until)
+		}
 		next = store.Checkpoint{Offset: lostTo, LeaderEpoch: cp.LeaderEpoch}
 		if lostTo < until {
 			cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{pw.topic: {pw.partition: {Epoch: -1, Offset: lostTo}}})

@@ -147,7 +147,9 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 		failed  error
 	)
 	produce := w.boundBatches(func(in, out *kgo.Record) {
-		w.sess.Produce(ctx, out, func(_ *kgo.Record, err error) {
+		// Not ctx: a stop must not fail the records of the transaction it
+		// lets end (End's deadline bounds them).
+		w.sess.Produce(context.Background(), out, func(_ *kgo.Record, err error) {
 			w.countDeadLetter(out, err)
 			if err != nil {
 				w.m.produceErrors.Inc()
@@ -187,7 +189,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	// Poll again until the interval has passed or the budget is spent.
 	// These polls do not end with ctx: what they return must be decided
 	// here, and a stop waits at most one interval.
-	for failed == nil {
+	for failed == nil && ctx.Err() == nil { // a stop ends the transaction now
 		left := w.opts.TransactionInterval - time.Since(began)
 		budget := w.txnBudget()
 		if left <= 0 || budget < 1 {

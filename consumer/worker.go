@@ -237,6 +237,7 @@ func (w *Worker) fail(err error) {
 
 // release stops every partition, each finishing its write batch.
 func (w *Worker) release() {
+	w.joining.Store(nil) // a readiness watcher of this session sets ready no more
 	w.ready.Store(false)
 	w.mu.Lock()
 	all := make(map[string][]int32)
