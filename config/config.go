@@ -79,9 +79,10 @@ type Config struct {
 	// Storage.
 	DataDir       string        `env:"DATA_DIR" envDefault:"./data" doc:"Directory holding the filter state of every topic-partition"`
 	PageBytes     ByteSize      `env:"PAGE_BYTES" envDefault:"4KiB" doc:"Size of a filter page on disk and in the cache: a power of two from 512B to 64KiB, and at least one bucket"`
-	CacheBytes    ByteSize      `env:"CACHE_BYTES" envDefault:"256MiB" doc:"Memory for cached filter pages, shared by all partitions; at least 16*PAGE_BYTES"`
+	MemoryBytes   ByteSize      `env:"MEMORY_BYTES" envDefault:"0" doc:"Memory the whole worker may use, resident: the page cache, the dirty pages of all partitions, Badger's memtables, the Kafka fetch buffers and the Go soft memory limit are sized from it and logged at start-up; 0 takes 90% of the container's memory limit (cgroup), or 1GiB without one; too small to leave 16 pages of cache stops start-up naming the least that works"`
+	CacheBytes    ByteSize      `env:"CACHE_BYTES" envDefault:"0" doc:"Memory for cached filter pages, shared by all partitions, at least 16*PAGE_BYTES; 0 takes the cache's share of MEMORY_BYTES (what is left after the other parts); a value larger than that share is used as given and logged as a warning, since resident memory may then pass MEMORY_BYTES"`
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s" doc:"Longest time a changed page stays unwritten, 10ms to 1h"`
-	FlushBytes    ByteSize      `env:"FLUSH_BYTES" envDefault:"8MiB" doc:"Changed bytes that start a flush before FLUSH_INTERVAL ends, PAGE_BYTES to 128MiB, and at most what one Badger transaction holds (about 99MiB with 512B pages, 120MiB with 1KiB pages: one write batch is one transaction); dirty pages, up to four times this much per partition, are held on top of CACHE_BYTES"`
+	FlushBytes    ByteSize      `env:"FLUSH_BYTES" envDefault:"8MiB" doc:"Changed bytes that start a flush before FLUSH_INTERVAL ends, PAGE_BYTES to 128MiB, and at most what one Badger transaction holds (about 99MiB with 512B pages, 120MiB with 1KiB pages: one write batch is one transaction); dirty pages of all partitions are bounded together by MEMORY_BYTES, and Badger's memtables grow with this"`
 
 	// Operations.
 	HTTPAddr  string `env:"HTTP_ADDR" envDefault:":8080" doc:"HTTP listen address for metrics and health probes, host:port; port 0 picks a free port"`
@@ -446,8 +447,8 @@ func (c Config) Validate() error {
 	if !pageOK {
 		v.add("PageBytes", c.PageBytes, fmt.Sprintf("must be a power of two from %v to %v (KB and MB are powers of 1000; use KiB or MiB)", ByteSize(minPageBytes), maxPageBytes))
 	}
-	if pageOK && c.CacheBytes < minCachePages*c.PageBytes {
-		v.add("CacheBytes", c.CacheBytes, fmt.Sprintf("must be at least %d pages of PAGE_BYTES, %v", minCachePages, minCachePages*c.PageBytes))
+	if pageOK && c.CacheBytes != 0 && c.CacheBytes < minCachePages*c.PageBytes {
+		v.add("CacheBytes", c.CacheBytes, fmt.Sprintf("must be 0 (the share of MEMORY_BYTES) or at least %d pages of PAGE_BYTES, %v", minCachePages, minCachePages*c.PageBytes))
 	}
 	if c.TransactionInterval < minTransactionInterval || c.TransactionInterval > maxFlushInterval {
 		v.add("TransactionInterval", c.TransactionInterval, fmt.Sprintf("must be from %s to %s", formatDuration(minTransactionInterval), formatDuration(maxFlushInterval)))

@@ -38,7 +38,10 @@ func TestDefaultsAreTheOwners(t *testing.T) {
 	}{
 		{"KDEDUP_PAGE_BYTES, filter", int64(c.PageBytes), filter.DefaultPageBytes},
 		{"KDEDUP_PAGE_BYTES, store", int64(c.PageBytes), store.DefaultPageBytes},
-		{"KDEDUP_CACHE_BYTES", int64(c.CacheBytes), store.DefaultCacheBytes},
+		// 0: the cache's share of the memory budget (internal/budget);
+		// store.DefaultCacheBytes is for a store opened without one.
+		{"KDEDUP_CACHE_BYTES", int64(c.CacheBytes), 0},
+		{"KDEDUP_MEMORY_BYTES", int64(c.MemoryBytes), 0},
 		{"KDEDUP_FLUSH_BYTES", int64(c.FlushBytes), store.DefaultFlushBytes},
 	} {
 		if tc.got != tc.want {

@@ -12,7 +12,7 @@ import (
 // offset (StartAtLatest is the worker's to apply, in its offset plan), read
 // committed, session and heartbeat, metadata ages, retried EOFs, rebalances
 // blocked while polled records are handled (the caller calls
-// AllowRebalance), the output topic and the decompression bound; with
+// AllowRebalance), the output topic, the fetch and decompression bounds; with
 // ExactlyOnce the transactional id and timeout (use them in a
 // kgo.GroupTransactSession), otherwise marked offsets committed every
 // FlushInterval. The worker adds its group callbacks, producer batch limits,
@@ -51,6 +51,9 @@ func (o Options) GroupClientOpts() []kgo.Opt {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.DefaultProduceTopic(o.OutputTopic),
 		kgo.MaxDecompressBatchBytes(o.MaxDecompressBytes),
+	}
+	if o.FetchMaxBytes > 0 {
+		opts = append(opts, kgo.FetchMaxBytes(o.FetchMaxBytes))
 	}
 	if o.InstanceID != "" {
 		opts = append(opts, kgo.InstanceID(o.InstanceID))

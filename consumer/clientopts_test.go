@@ -29,12 +29,15 @@ func TestGroupClientOpts(t *testing.T) {
 			"AlwaysRetryEOF":          true,
 			"DefaultProduceTopic":     "out",
 			"MaxDecompressBatchBytes": 64 << 20,
+			"FetchMaxBytes":           int32(50 << 20), // franz-go's default
 			"AutoCommitMarks":         true,
 			"AutoCommitInterval":      time.Second,
 			"TransactionalID":         "",
 		}},
 		{"exactly once", Options{Brokers: []string{"127.0.0.1:1"}, InputTopics: []string{"a"}, OutputTopic: "out", Group: "g",
-			Delivery: ExactlyOnce, TransactionalID: "tx", SessionTimeout: 6 * time.Second, FlushInterval: 5 * time.Second, InstanceID: "pod-0"}, map[string]any{
+			Delivery: ExactlyOnce, TransactionalID: "tx", SessionTimeout: 6 * time.Second, FlushInterval: 5 * time.Second, InstanceID: "pod-0",
+			FetchMaxBytes: 12 << 20}, map[string]any{
+			"FetchMaxBytes":      int32(12 << 20),
 			"ConsumerGroup":      "g",
 			"SessionTimeout":     6 * time.Second,
 			"HeartbeatInterval":  2 * time.Second,

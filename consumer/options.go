@@ -102,6 +102,20 @@ type Options struct {
 	// FlushBytes cuts a write batch early when a partition's dirty pages
 	// reach it (default 8 MiB). It must fit in one Badger transaction.
 	FlushBytes int64
+	// FetchMaxBytes bounds one fetch response of the group client (kgo
+	// FetchMaxBytes, Kafka's fetch.max.bytes; default franz-go's 50 MiB):
+	// the client buffers up to this much per broker, more only for a
+	// record batch larger than it. A memory budget sets it.
+	FetchMaxBytes int32
+	// MaxDirtyPageBytes bounds the memory the dirty pages of all assigned
+	// partitions hold together, outside the page cache (default 8 x
+	// FlushBytes; a memory budget sets it, see internal/budget): once
+	// they reach it, a partition holding at least half its fair share cuts
+	// its write batch at its next record
+	// (store.PartitionState.OverDirtyShare), so they stay under 1.5 x
+	// this plus a record's pages per partition whatever the partition
+	// count. FlushBytes still bounds each partition's write batch.
+	MaxDirtyPageBytes int64
 	// TransactionInterval (ExactlyOnce) is the longest time a Kafka
 	// transaction stays open deciding polled records (default 100ms, as
 	// Kafka Streams' commit.interval.ms under exactly-once); it ends
@@ -153,6 +167,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.FlushBytes == 0 {
 		o.FlushBytes = store.DefaultFlushBytes
+	}
+	if o.MaxDirtyPageBytes == 0 {
+		o.MaxDirtyPageBytes = 8 * o.FlushBytes
 	}
 	if o.TransactionInterval == 0 {
 		o.TransactionInterval = DefaultTransactionInterval

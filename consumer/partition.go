@@ -297,7 +297,7 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 		}
 		pw.next = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
 		pw.decided++
-		if pw.w.opts.Delivery == AtLeastOnce && pw.dedup.DirtyBytes() >= pw.w.opts.FlushBytes {
+		if pw.w.opts.Delivery == AtLeastOnce && pw.batchDue() {
 			pw.flush()
 			if pw.failed.Load() {
 				return
@@ -305,6 +305,14 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 		}
 	}
 	pw.nextOffset.Store(pw.next.Offset)
+}
+
+// batchDue reports whether the partition's write batch must be cut before
+// its next record at least once: its dirty pages reach FlushBytes (one
+// Badger transaction), or the dirty pages of all partitions reach
+// MaxDirtyPageBytes and this one holds its share of them.
+func (pw *partitionWorker) batchDue() bool {
+	return pw.dedup.DirtyBytes() >= pw.w.opts.FlushBytes || pw.dedup.OverDirtyShare(pw.w.opts.MaxDirtyPageBytes)
 }
 
 // output is the record forwarded for r: key, value, headers and timestamp

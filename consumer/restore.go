@@ -187,7 +187,7 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64, p
 			}
 			cp = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
 			done = cp.Offset >= until
-			if !done && pw.dedup.DirtyBytes()+pw.dedup.StagedBytes() >= w.opts.FlushBytes/2 {
+			if !done && (pw.dedup.DirtyBytes()+pw.dedup.StagedBytes() >= w.opts.FlushBytes/2 || pw.dedup.OverDirtyShare(w.opts.MaxDirtyPageBytes)) {
 				rerr = pw.commitReplay(cp) // a poll can dirty more pages than a write batch holds
 			}
 		})

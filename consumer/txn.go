@@ -90,7 +90,9 @@ func (w *Worker) polled(fetches kgo.Fetches) kgo.Fetches {
 // its dirty and staged pages reach FlushBytes, over the bytes one record
 // can dirty (dedup.Options.MaxDirtyBytesPerRecord, a bound that holds for
 // any record); the least of them, and at most pollRecords and
-// FlushBytes over that bound (a partition yet to be assigned). flushDue cuts a
+// FlushBytes over that bound (a partition yet to be assigned), and no more
+// than keeps the dirty and staged pages of all partitions under 1.5 x
+// MaxDirtyPageBytes. flushDue cuts a
 // write batch once the dirty pages reach half of FlushBytes, so a
 // transaction's first poll may add at least FlushBytes/2 of pages, and a
 // write batch never passes FlushBytes, one Badger transaction.
@@ -113,6 +115,13 @@ func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
 		}
 		n = min(n, (w.opts.FlushBytes-pw.dedup.DirtyBytes()-pw.dedup.StagedBytes())/per)
 	}
+	held := w.opts.Dedup.DirtyPageBytes() // dirty and staged, every partition's, replays included
+	// The pages of all partitions, dirty and staged, stay under 1.5 x
+	// MaxDirtyPageBytes, as OverDirtyShare keeps them at least once: a
+	// record changes at most per bytes of pages (whole pages count
+	// PageBytes), and flushDue cuts the batches of the partitions holding
+	// their share once the transaction's changes are applied.
+	n = min(n, (w.opts.MaxDirtyPageBytes*3/2-held)/per)
 	return int(max(0, n))
 }
 
@@ -270,15 +279,16 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	return failed
 }
 
-// flushDue cuts the write batches that are due: after FlushInterval, or when
+// flushDue cuts the write batches that are due: after FlushInterval, when
 // the dirty pages reach half of FlushBytes (a transaction adds at most the
-// other half).
+// other half), or when the dirty pages of all partitions reach
+// MaxDirtyPageBytes and the partition holds its share of them.
 func (w *Worker) flushDue() {
 	for _, pw := range w.partitionsSnapshot() {
 		if !pw.planned.Load() || pw.restoring.Load() {
 			continue // its restore goroutine owns (or may be about to own) the deduplicator
 		}
-		if time.Since(pw.lastFlush) >= w.opts.FlushInterval || pw.dedup.DirtyBytes() >= w.opts.FlushBytes/2 {
+		if time.Since(pw.lastFlush) >= w.opts.FlushInterval || pw.dedup.DirtyBytes() >= w.opts.FlushBytes/2 || pw.dedup.OverDirtyShare(w.opts.MaxDirtyPageBytes) {
 			pw.flush()
 		}
 		pw.consolidateIdle()

@@ -3,6 +3,7 @@ package dedup
 import (
 	"math"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -19,7 +20,17 @@ type Metrics struct {
 	commitSeconds prometheus.Histogram
 
 	load, newestLoad, subFilters, generations, watermark, items, fpr, targetFPR, bytes, bits, nearFull *prometheus.GaugeVec
+
+	// stateBytes is the sum of kdedup_filter_bytes over the open
+	// partitions (StateBytes).
+	stateBytes atomic.Int64
 }
+
+// StateBytes is the size of the pages of every open partition's chain,
+// allocated or not (the sum of kdedup_filter_bytes, exported as
+// kdedup_state_bytes): what the page cache must hold for no lookup to
+// read Badger. Safe for concurrent use.
+func (m *Metrics) StateBytes() int64 { return m.stateBytes.Load() }
 
 // NewMetrics registers the metrics with reg (nil: not registered).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -31,7 +42,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	gauge := func(name, help string) *prometheus.GaugeVec {
 		return f.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, tp)
 	}
-	return &Metrics{
+	m := &Metrics{
 		consumed:       counter("kdedup_consumed_records_total", "Input records decided."),
 		forwarded:      counter("kdedup_forwarded_records_total", "Records decided to go to the output topic (new keys, unkeyed records, forwarded tombstones)."),
 		duplicates:     counter("kdedup_duplicate_records_total", "Records dropped because their key was seen before."),
@@ -59,11 +70,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		bits:        gauge("kdedup_filter_fingerprint_width", "Fingerprint width in bits of the newest sub-filter (widths grow by one bit per sub-filter to keep the target false-positive rate)."),
 		nearFull:    gauge("kdedup_filter_near_full", "1 when the chain can add at most one more sub-filter before inserts fail or the target false-positive rate can no longer be kept."),
 	}
+	// An atomic read: a scrape never waits for a partition.
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kdedup_state_bytes",
+		Help: "Size of the pages of every partition this worker owns (the sum of kdedup_filter_bytes): above kdedup_store_page_cache_capacity_bytes, lookups read pages from Badger.",
+	}, func() float64 { return float64(m.stateBytes.Load()) })
+	return m
 }
 
 type partitionMetrics struct {
 	m      *Metrics
 	labels []string
+	// bytes is the partition's share of m.stateBytes.
+	bytes *int64
 
 	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full prometheus.Counter
 	commitSeconds                                                                                         prometheus.Observer
@@ -79,6 +98,7 @@ func (m *Metrics) forPartition(topic string, partition int32, targetFPR float64)
 	return partitionMetrics{
 		m:              m,
 		labels:         l,
+		bytes:          new(int64),
 		consumed:       m.consumed.WithLabelValues(l...),
 		forwarded:      m.forwarded.WithLabelValues(l...),
 		duplicates:     m.duplicates.WithLabelValues(l...),
@@ -105,6 +125,8 @@ func (pm partitionMetrics) observe(s filter.Stats) {
 	m.items.WithLabelValues(l...).Set(float64(s.Items))
 	m.fpr.WithLabelValues(l...).Set(s.EstimatedFPR)
 	m.bytes.WithLabelValues(l...).Set(float64(s.Bytes))
+	m.stateBytes.Add(int64(s.Bytes) - *pm.bytes)
+	*pm.bytes = int64(s.Bytes)
 	m.bits.WithLabelValues(l...).Set(float64(s.NewestFingerprintBits))
 	nearFull := 0.0
 	if s.NearFull {
@@ -116,6 +138,8 @@ func (pm partitionMetrics) observe(s filter.Stats) {
 // forget drops the gauges of a partition this worker no longer owns;
 // counters stay so that rates survive a partition moving away and back.
 func (pm partitionMetrics) forget() {
+	pm.m.stateBytes.Add(-*pm.bytes)
+	*pm.bytes = 0
 	for _, g := range []*prometheus.GaugeVec{pm.m.load, pm.m.newestLoad, pm.m.subFilters, pm.m.generations, pm.m.watermark, pm.m.items, pm.m.fpr, pm.m.targetFPR, pm.m.bytes, pm.m.bits, pm.m.nearFull} {
 		g.DeleteLabelValues(pm.labels...)
 	}

@@ -53,6 +53,10 @@ func (o Options) StateParams() filter.Params {
 	return p
 }
 
+// DirtyPageBytes is the memory the dirty pages of every partition of o's
+// store hold (store.DB.DirtyPageBytes). Safe for concurrent use.
+func (o *Opener) DirtyPageBytes() int64 { return o.db.DirtyPageBytes() }
+
 // Options returns the Options every Deduplicator of o is opened with.
 func (o *Opener) Options() Options { return o.opts }
 

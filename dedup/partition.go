@@ -256,7 +256,17 @@ func (p *Deduplicator) Decide(r *kgo.Record) (Decision, error) {
 	if err == nil {
 		p.count(d)
 	}
+	p.syncStaged()
 	return d, err
+}
+
+// syncStaged tells the store how many pages the overlay holds staged, so
+// that the worker's bound on changed pages counts them
+// (store.PartitionState.SetStagedPages).
+func (p *Deduplicator) syncStaged() {
+	if p.overlay != nil {
+		p.state.SetStagedPages(p.overlay.Staged())
+	}
 }
 
 // Replay applies record r to the filter exactly as Decide would, for a
@@ -268,6 +278,7 @@ func (p *Deduplicator) Replay(r *kgo.Record) error {
 		p.tally.replayed++
 		p.publish(false)
 	}
+	p.syncStaged()
 	return err
 }
 
@@ -426,7 +437,12 @@ func (p *Deduplicator) CommitStaged() error {
 	if p.overlay == nil {
 		return nil
 	}
-	if err := p.overlay.Commit(); err != nil {
+	// The applied pages take the place of the staged copies one for one:
+	// counted once, as dirty pages.
+	p.state.SetStagedPages(0)
+	err := p.overlay.Commit()
+	p.syncStaged()
+	if err != nil {
 		return fmt.Errorf("applying staged changes of %s/%d: %w", p.topic, p.partition, err)
 	}
 	p.stableMeta = p.chain.MarshalMeta()
@@ -443,6 +459,7 @@ func (p *Deduplicator) DiscardStaged() error {
 		return nil
 	}
 	p.overlay.Discard()
+	p.syncStaged()
 	p.ahead.recs = nil // the input is read again
 	chain, err := filter.Open(p.stableMeta, p.opts.Filter, p.overlay)
 	if err != nil {
@@ -477,6 +494,11 @@ func (p *Deduplicator) wrap(r *kgo.Record, err error) error {
 // CommitStaged), as store.PartitionState.DirtyBytes counts it: at most a page per
 // page changed.
 func (p *Deduplicator) DirtyBytes() int64 { return p.state.DirtyBytes() }
+
+// OverDirtyShare reports whether the partition must cut its write batch
+// (Commit) to keep the dirty pages of every partition of its store near
+// bound bytes of memory (store.PartitionState.OverDirtyShare).
+func (p *Deduplicator) OverDirtyShare(bound int64) bool { return p.state.OverDirtyShare(bound) }
 
 // StagedBytes is the size of the pages that staged decisions (Options.Staged)
 // changed and CommitStaged would add to DirtyBytes; 0 without Staged.

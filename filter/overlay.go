@@ -91,6 +91,17 @@ func (o *Overlay) Drop(subFilter uint32) {
 // Discard.
 func (o *Overlay) Modified() int { return len(o.modified) }
 
+// Staged returns the number of pages the Overlay holds a copy of: every
+// page read or modified since the last Commit or Discard. With
+// PageBytes each, it is the memory the round holds besides at most
+// maxSparePages buffers kept for reuse.
+func (o *Overlay) Staged() int { return len(o.staged) }
+
+// maxSparePages bounds the page buffers an Overlay keeps for reuse after
+// a round, so that an idle partition holds at most this many pages
+// besides its staged ones.
+const maxSparePages = 64
+
 // Commit writes every modified page into the base Pager (marking the changed
 // ranges there) and starts a new round. An error comes from the base Pager
 // reading a page; pages already applied stay applied, so the caller must
@@ -131,7 +142,7 @@ func (o *Overlay) reset() {
 
 // release forgets the staged copy of id and keeps its buffer for reuse.
 func (o *Overlay) release(id PageID) {
-	if len(o.spare) < 1024 {
+	if len(o.spare) < maxSparePages {
 		o.spare = append(o.spare, o.staged[id])
 	}
 	delete(o.staged, id)

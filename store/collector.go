@@ -16,6 +16,7 @@ type collector struct {
 	lsmBytes, vlogBytes, levelBytes, levelTables *prometheus.Desc
 	cacheHits, cacheMisses, cacheEvictions       *prometheus.Desc
 	freeBytes, requiredFreeBytes                 *prometheus.Desc
+	dirtyBytes, dirtyPeakBytes, cacheBytes       *prometheus.Desc
 }
 
 func newCollector(db *DB) *collector {
@@ -36,11 +37,17 @@ func newCollector(db *DB) *collector {
 			"Free space the worker may use on the filesystem of the data directory (statfs at scrape).", nil, nil),
 		requiredFreeBytes: prometheus.NewDesc("kdedup_store_required_free_bytes",
 			"Free space a write batch needs in the data directory (the batch, the memtable flushes and a level-0 compaction); below it write batches fail and the worker stops.", nil, nil),
+		dirtyBytes: prometheus.NewDesc("kdedup_store_dirty_page_bytes",
+			"Memory held by the dirty pages of every partition (changed since their last write batch), outside the page cache.", nil, nil),
+		dirtyPeakBytes: prometheus.NewDesc("kdedup_store_dirty_page_peak_bytes",
+			"The most memory dirty pages held at once since the worker started; the worker keeps it near its dirty-page share of KDEDUP_MEMORY_BYTES.", nil, nil),
+		cacheBytes: prometheus.NewDesc("kdedup_store_page_cache_capacity_bytes",
+			"Pages the page cache holds at most, in bytes (KDEDUP_CACHE_BYTES, or the cache's share of KDEDUP_MEMORY_BYTES).", nil, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.lsmBytes, c.vlogBytes, c.levelBytes, c.levelTables, c.cacheHits, c.cacheMisses, c.cacheEvictions, c.freeBytes, c.requiredFreeBytes} {
+	for _, d := range []*prometheus.Desc{c.lsmBytes, c.vlogBytes, c.levelBytes, c.levelTables, c.cacheHits, c.cacheMisses, c.cacheEvictions, c.freeBytes, c.requiredFreeBytes, c.dirtyBytes, c.dirtyPeakBytes, c.cacheBytes} {
 		ch <- d
 	}
 }
@@ -50,6 +57,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	bdb := c.db.bdb
+	ch <- prometheus.MustNewConstMetric(c.dirtyBytes, prometheus.GaugeValue, float64(c.db.DirtyPageBytes()))
+	ch <- prometheus.MustNewConstMetric(c.dirtyPeakBytes, prometheus.GaugeValue, float64(c.db.DirtyPageBytesPeak()))
+	ch <- prometheus.MustNewConstMetric(c.cacheBytes, prometheus.GaugeValue, float64(c.db.CacheBytes()))
 	if !c.db.opts.InMemory {
 		if free, err := c.db.tuning.freeBytes(c.db.opts.Dir); err == nil {
 			ch <- prometheus.MustNewConstMetric(c.freeBytes, prometheus.GaugeValue, float64(free))

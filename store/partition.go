@@ -51,6 +51,8 @@ type PartitionState struct {
 	obsolete []obsoleteDeltas
 	// dirtyBytes is the sum of the dirty pages' batchBytes.
 	dirtyBytes int64
+	// staged is the pages the caller holds staged (SetStagedPages).
+	staged int
 	// lastObsoleteBytes is the key bytes deleteObsolete deleted last.
 	lastObsoleteBytes int64
 	// spareSpans are range buffers of committed dirty pages, for reuse.
@@ -336,6 +338,7 @@ func (p *PartitionState) markDirty(id filter.PageID, page []byte) *dirtyPage {
 		}
 	}
 	p.dirty[id] = d
+	p.db.addDirtyPages(1)
 	// The cache holds clean pages only; this one no longer is.
 	p.db.cache.Remove(key)
 	p.last = nil
@@ -356,6 +359,7 @@ func (p *PartitionState) Drop(subFilter uint32) {
 		if id.SubFilter == subFilter {
 			p.dirtyBytes -= d.batchBytes
 			delete(p.dirty, id)
+			p.db.addDirtyPages(-1)
 		}
 	}
 	if p.last != nil && p.lastID.SubFilter == subFilter {
@@ -438,6 +442,7 @@ func (p *PartitionState) Commit(meta []byte, cp Checkpoint) error {
 		p.db.cache.Add(cacheKey{owner: p.owner, id: id}, &cachedPage{data: d.data, log: lg})
 		p.recycle(d)
 	}
+	p.db.addDirtyPages(-int64(len(p.dirty)))
 	clear(p.dirty)
 	p.dirtyBytes = 0
 	p.lastDirty = nil
@@ -524,6 +529,7 @@ func (p *PartitionState) commit(meta []byte, cp Checkpoint) (int64, map[filter.P
 // memory only: the next Page reads the last committed state from Badger.
 // Use it when the partition is lost or its uncommitted changes are void.
 func (p *PartitionState) Discard() {
+	p.db.addDirtyPages(-int64(len(p.dirty)))
 	clear(p.dirty)
 	p.dirtyBytes = 0
 	p.last, p.lastDirty, p.markErr = nil, nil, nil
@@ -547,6 +553,7 @@ func (p *PartitionState) Close() {
 		return
 	}
 	p.Discard()
+	p.SetStagedPages(0)
 	p.closed = true
 	p.db.release(p.tp)
 }

@@ -285,6 +285,12 @@ type DB struct {
 	// memTable is Badger's MemTableSize.
 	memTable int64
 
+	// dirtyPages counts the dirty pages of every PartitionState
+	// (DirtyPageBytes), dirtyPeak the most at once.
+	dirtyPages, dirtyPeak atomic.Int64
+	// openCount is len(open), read without mu (OverDirtyShare).
+	openCount atomic.Int64
+
 	mu     sync.Mutex
 	open   map[TopicPartition]struct{}
 	closed atomic.Bool
@@ -580,12 +586,14 @@ func (db *DB) Partition(topic string, partition int32) (*PartitionState, error) 
 		return nil, err
 	}
 	db.open[tp] = struct{}{}
+	db.openCount.Store(int64(len(db.open)))
 	return p, nil
 }
 
 func (db *DB) release(tp TopicPartition) {
 	db.mu.Lock()
 	delete(db.open, tp)
+	db.openCount.Store(int64(len(db.open)))
 	db.mu.Unlock()
 }
 

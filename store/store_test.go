@@ -797,7 +797,9 @@ func TestMetrics(t *testing.T) {
 		"kdedup_badger_cache_evictions_total", "kdedup_badger_cache_hits_total", "kdedup_badger_cache_misses_total",
 		"kdedup_badger_level_size_bytes", "kdedup_badger_level_tables", "kdedup_badger_lsm_size_bytes", "kdedup_badger_vlog_size_bytes",
 		"kdedup_store_commit_bytes_total", "kdedup_store_commit_errors_total", "kdedup_store_commit_seconds",
-		"kdedup_store_commits_total", "kdedup_store_corruptions_total", "kdedup_store_page_cache_hits_total", "kdedup_store_page_cache_misses_total",
+		"kdedup_store_commits_total", "kdedup_store_corruptions_total",
+		"kdedup_store_dirty_page_bytes", "kdedup_store_dirty_page_peak_bytes", "kdedup_store_page_cache_capacity_bytes",
+		"kdedup_store_page_cache_hits_total", "kdedup_store_page_cache_misses_total",
 		"kdedup_store_page_reads_total", "kdedup_store_pages_consolidated_total", "kdedup_store_pages_reclaimed_total",
 	}
 	if fmt.Sprint(names) != fmt.Sprint(want) {

@@ -12,13 +12,14 @@ import (
 
 	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/internal/budget"
+	"github.com/kdedup/kdedup/store"
 )
 
 // The chart tests render deploy/helm/kdedup offline with helm template and
@@ -133,6 +134,7 @@ filter:
   expansion: 4
 storage:
   pageBytes: 8KiB
+  memoryBytes: 3GiB
   cacheBytes: 512MiB
   flushInterval: 2s
   flushBytes: 16MiB
@@ -190,6 +192,7 @@ var allValuesEnv = map[string]string{
 	"KDEDUP_EXPANSION":            "4",
 	"KDEDUP_DATA_DIR":             "/data/kdedup",
 	"KDEDUP_PAGE_BYTES":           "8KiB",
+	"KDEDUP_MEMORY_BYTES":         "3GiB",
 	"KDEDUP_CACHE_BYTES":          "512MiB",
 	"KDEDUP_FLUSH_INTERVAL":       "2s",
 	"KDEDUP_FLUSH_BYTES":          "16MiB",
@@ -280,6 +283,39 @@ func TestChartIDPrefix(t *testing.T) {
 	checkPodName(t, env, "KDEDUP_TRANSACTIONAL_ID", "team-a.")
 	if cfg := loadEnv(t, c); cfg.InstanceID != "team-a.kd-kdedup-0" || cfg.TransactionalID != "team-a.kd-kdedup-0" {
 		t.Errorf("instance id %q, transactional id %q", cfg.InstanceID, cfg.TransactionalID)
+	}
+}
+
+// TestChartMemoryFromTheLimit: with the default values the chart sets only
+// the container's memory (2Gi, request = limit) and no variable derived
+// from it; the worker's budget is then 90% of it, whose page cache is
+// the "about 750MiB" values.yaml promises (within 5%).
+func TestChartMemoryFromTheLimit(t *testing.T) {
+	out, err := helmTemplate(t, []string{ciFile("default-values.yaml")}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := workerContainer(t, decodeStrict(t, out))
+	env := envByName(c)
+	for _, name := range []string{"GOMEMLIMIT", "KDEDUP_MEMORY_BYTES", "KDEDUP_CACHE_BYTES"} {
+		if e, ok := env[name]; ok {
+			t.Errorf("%s=%q with the default values: the worker derives it from the memory limit", name, e.Value)
+		}
+	}
+	limit := c.Resources.Limits[corev1.ResourceMemory]
+	if limit.Value() != 2<<30 {
+		t.Fatalf("memory limit %s, want the documented 2Gi", limit.String())
+	}
+	cfg := loadEnv(t, c)
+	total, _ := budget.Total(int64(cfg.MemoryBytes), func() (uint64, error) { return uint64(limit.Value()), nil })
+	s, err := budget.Plan(budget.Inputs{TotalBytes: total,
+		StoreBytes:      store.Options{PageBytes: int(cfg.PageBytes), FlushBytes: int64(cfg.FlushBytes)}.MemoryBytes(),
+		DecompressBytes: int64(cfg.MaxDecompressBytes), PageBytes: int64(cfg.PageBytes), CacheBytes: int64(cfg.CacheBytes)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(750 << 20); s.Cache < want*95/100 || s.Cache > want*105/100 {
+		t.Errorf("page cache %d MiB under the default 2Gi limit; values.yaml says about 750MiB", s.Cache>>20)
 	}
 }
 
@@ -678,7 +714,11 @@ func checkGrace(t *testing.T, p *corev1.PodSpec, env map[string]corev1.EnvVar) {
 	}
 }
 
-// checkMemory checks GOMEMLIMIT against the container's memory limit.
+// checkMemory: the container has a memory limit, its request equals it
+// (the worker's budget is 90% of the limit, used, not a peak), and the
+// chart derives nothing from it: no GOMEMLIMIT, KDEDUP_MEMORY_BYTES or
+// KDEDUP_CACHE_BYTES unless the values ask, since the worker reads the
+// limit from its cgroup (internal/budget).
 func checkMemory(t *testing.T, c *corev1.Container, env map[string]corev1.EnvVar) {
 	t.Helper()
 	limit, ok := c.Resources.Limits[corev1.ResourceMemory]
@@ -686,15 +726,11 @@ func checkMemory(t *testing.T, c *corev1.Container, env map[string]corev1.EnvVar
 		t.Errorf("no memory limit")
 		return
 	}
-	soft, ok := env["GOMEMLIMIT"]
-	if !ok {
-		t.Errorf("no GOMEMLIMIT with memory limit %s", limit.String())
-		return
+	if req, ok := c.Resources.Requests[corev1.ResourceMemory]; ok && req.Cmp(limit) != 0 {
+		t.Errorf("memory request %s, limit %s: the worker's budget is a share of the limit, so request it", req.String(), limit.String())
 	}
-	mib, found := strings.CutSuffix(soft.Value, "MiB")
-	q, err := resource.ParseQuantity(mib + "Mi")
-	if !found || err != nil || q.Value() >= limit.Value() || q.Value() < limit.Value()/2 {
-		t.Errorf("GOMEMLIMIT %q against memory limit %s", soft.Value, limit.String())
+	if e, ok := env["GOMEMLIMIT"]; ok {
+		t.Errorf("GOMEMLIMIT=%q set by the chart: the worker derives it from the memory limit", e.Value)
 	}
 }
 

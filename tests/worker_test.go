@@ -38,6 +38,7 @@ type pipeline struct {
 	dups       string                 // KDEDUP_DUPLICATES_TOPIC, "" for none
 	window     scenario.ExpectOptions // KDEDUP_WINDOW, _GENERATIONS, _REFRESH (only those fields)
 	extraEnv   map[string]string      // overrides of env
+	appOpts    []app.Option           // options of in-process workers
 }
 
 func newPipeline(t *testing.T, partitions int32) *pipeline {
@@ -114,7 +115,7 @@ func (p *pipeline) startWorker(t *testing.T, dataDir string) *worker {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.SlogLevel()}))
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &worker{cancel: cancel, done: make(chan error, 1), reg: prometheus.NewRegistry()}
-	go func() { w.done <- app.Run(ctx, cfg, log, w.reg, nil) }()
+	go func() { w.done <- app.Run(ctx, cfg, log, w.reg, nil, p.appOpts...) }()
 	t.Cleanup(func() { w.cancel(); <-w.done })
 	return w
 }

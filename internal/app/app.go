@@ -24,6 +24,7 @@ import (
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/consumer"
 	"github.com/kdedup/kdedup/dedup"
+	"github.com/kdedup/kdedup/internal/budget"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -57,14 +58,22 @@ const (
 type Option func(*options)
 
 type options struct {
-	httpIdleTimeout time.Duration
-	clientOpts      []kgo.Opt
+	httpIdleTimeout   time.Duration
+	clientOpts        []kgo.Opt
+	maxDirtyPageBytes int64
 }
 
 // WithHTTPIdleTimeout sets how long the HTTP server keeps an idle
 // keep-alive connection open (default 60s).
 func WithHTTPIdleTimeout(d time.Duration) Option {
 	return func(o *options) { o.httpIdleTimeout = d }
+}
+
+// WithMaxDirtyPageBytes replaces the dirty-page bound the memory budget
+// gives the worker (consumer.Options.MaxDirtyPageBytes), so that a test
+// reaches it with a small state.
+func WithMaxDirtyPageBytes(n int64) Option {
+	return func(o *options) { o.maxDirtyPageBytes = n }
 }
 
 // WithClientOpts appends franz-go options (hooks) to the worker's Kafka
@@ -101,6 +110,14 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	if err := dopts.Filter.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
+	mem, memSource, err := memoryBudget(cfg, budget.CgroupLimit)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	maxDirty := mem.MaxDirtyPageBytes()
+	if o.maxDirtyPageBytes > 0 {
+		maxDirty = o.maxDirtyPageBytes
+	}
 	kafkaOpts, err := KafkaOpts(cfg)
 	if err != nil {
 		return err
@@ -116,7 +133,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	db, err := store.Open(store.Options{
 		Dir:        cfg.DataDir,
 		PageBytes:  int(cfg.PageBytes),
-		CacheBytes: int64(cfg.CacheBytes),
+		CacheBytes: mem.Cache,
 		FlushBytes: int64(cfg.FlushBytes),
 		Logger:     log,
 		Registerer: reg,
@@ -133,7 +150,8 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		}
 	}
 
-	opener, err := dedup.NewOpener(db, dopts, dedup.NewMetrics(reg))
+	dm := dedup.NewMetrics(reg)
+	opener, err := dedup.NewOpener(db, dopts, dm)
 	if err != nil {
 		closeDB()
 		return fmt.Errorf("%w: %v", ErrConfig, err)
@@ -163,6 +181,8 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		FlushInterval:       cfg.FlushInterval,
 		TransactionInterval: cfg.TransactionInterval,
 		FlushBytes:          int64(cfg.FlushBytes),
+		MaxDirtyPageBytes:   maxDirty,
+		FetchMaxBytes:       int32(mem.Fetch),
 		Dedup:               opener,
 		Logger:              log,
 		Registerer:          reg,
@@ -191,6 +211,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	}
 	log.Info("starting", "http", ln.Addr().String(), "brokers", strings.Join(cfg.Brokers, ","),
 		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "duplicates_topic", cfg.DuplicatesTopic, "dead_letter_topic", cfg.DeadLetterTopic, "group", cfg.Group, "delivery", cfg.Delivery.String(), "data_dir", cfg.DataDir)
+	logBudget(log, mem, memSource)
 	if started != nil {
 		started(ln.Addr().String())
 	}
@@ -205,7 +226,14 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 			}
 			return nil
 		})
+		// Stopped when the worker returns, whatever its reason.
+		watchCtx, stopWatch := context.WithCancel(gctx)
 		g.Go(func() error {
+			watchState(watchCtx, &cacheWatch{log: log}, dm.StateBytes, db.CacheBytes())
+			return nil
+		})
+		g.Go(func() error {
+			defer stopWatch()
 			defer func() {
 				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()

@@ -155,7 +155,7 @@ numbers print without an exponent (YAML reads 10000000 as a float).
 
 {{/*
 The worker container's env: POD_NAME, then every KDEDUP_* variable whose value
-is set, in the order of `kdedup run -h`, then GOMEMLIMIT and extraEnv.
+is set, in the order of `kdedup run -h`, then extraEnv.
 */}}
 {{- define "kdedup.env" -}}
 {{- $k := .Values.kafka }}
@@ -209,6 +209,7 @@ is set, in the order of `kdedup run -h`, then GOMEMLIMIT and extraEnv.
   (list "KDEDUP_EXPANSION" $f.expansion)
   (list "KDEDUP_DATA_DIR" .Values.persistence.mountPath)
   (list "KDEDUP_PAGE_BYTES" $s.pageBytes)
+  (list "KDEDUP_MEMORY_BYTES" $s.memoryBytes)
   (list "KDEDUP_CACHE_BYTES" $s.cacheBytes)
   (list "KDEDUP_FLUSH_INTERVAL" $s.flushInterval)
   (list "KDEDUP_FLUSH_BYTES" $s.flushBytes)
@@ -231,20 +232,14 @@ is set, in the order of `kdedup run -h`, then GOMEMLIMIT and extraEnv.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /* The worker sizes itself from the container's memory limit (cgroup):
+nothing here derives GOMEMLIMIT or a cache from it. The limit is checked so
+that a typo fails here rather than at the API server. */}}
 {{- $limit := dig "limits" "memory" "" (.Values.resources | default dict) }}
-{{- if and $limit (gt (float64 .Values.goMemLimitRatio) 0.0) (not (include "kdedup.extraEnvHas" (list "GOMEMLIMIT" .Values.extraEnv))) }}
-{{- $bytes := include "kdedup.quantityBytes" $limit | float64 }}
-{{- $env = append $env (dict "name" "GOMEMLIMIT" "value" (printf "%dMiB" (int64 (floor (divf (mulf $bytes .Values.goMemLimitRatio) 1048576.0))))) }}
+{{- if $limit }}
+{{- $_ := include "kdedup.quantityBytes" $limit }}
 {{- end }}
 {{- toYaml (concat $env (.Values.extraEnv | default list)) }}
-{{- end }}
-
-{{/* Whether extraEnv sets the named variable. */}}
-{{- define "kdedup.extraEnvHas" -}}
-{{- $name := index . 0 }}
-{{- range (index . 1) }}
-{{- if eq .name $name }}true{{ end }}
-{{- end }}
 {{- end }}
 
 {{/* Paths of the mounted Secrets. */}}

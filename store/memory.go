@@ -1,0 +1,91 @@
+package store
+
+import "github.com/dgraph-io/badger/v4/skl"
+
+// MemoryBytes estimates the memory a DB opened with o holds besides its
+// page cache (CacheBytes) and its dirty pages (DirtyPageBytes): Badger's
+// memtable arenas (numMemtables of them, each MemTableSize plus the
+// largest transaction and its skiplist nodes, Badger's arenaSize), its
+// block cache, and the builders of the tables a memtable flush and a
+// compaction write at the same time (two arenas' worth: a level-0 table
+// is a whole memtable, and Badger's allocator pool keeps builders at the
+// size they grew to). The memtable follows from FlushBytes, so this is
+// where a memory budget learns what a larger FlushBytes costs. It is an
+// estimate, checked against peak resident memory in BENCHMARKS.md
+// ("Memory budget"); o's zero fields take their defaults.
+func (o Options) MemoryBytes() int64 {
+	o = o.withDefaults()
+	size, _ := batchLimits(o.PageBytes, o.FlushBytes)
+	mt := memTableBytes(size)
+	maxBatch := 15 * mt / 100 // Badger's MaxBatchSize
+	arena := mt + maxBatch + maxBatch/int64(skl.MaxNodeSize)*int64(skl.MaxNodeSize)
+	return numMemtables*arena + blockCacheBytes + 2*arena
+}
+
+// DirtyPageBytes is the memory the dirty pages of every PartitionState of
+// the DB hold, with the pages their callers stage for them
+// (SetStagedPages): PageBytes each, whether a write batch will write them
+// whole or as deltas. These pages are outside the page cache; a worker
+// bounds them by cutting write batches (PartitionState.Commit). Safe for
+// concurrent use.
+func (db *DB) DirtyPageBytes() int64 {
+	return db.dirtyPages.Load() * int64(db.opts.PageBytes)
+}
+
+// DirtyPageBytesPeak is the most DirtyPageBytes held at once since Open.
+// Safe for concurrent use.
+func (db *DB) DirtyPageBytesPeak() int64 {
+	return db.dirtyPeak.Load() * int64(db.opts.PageBytes)
+}
+
+// CacheBytes is the memory the page cache holds at most: its pages
+// (Options.CacheBytes rounded down to whole pages, at least one).
+func (db *DB) CacheBytes() int64 {
+	return int64(db.cachePages()) * int64(db.opts.PageBytes)
+}
+
+// addDirtyPages counts n pages becoming dirty (n < 0: clean or dropped)
+// in DirtyPageBytes and its peak.
+func (db *DB) addDirtyPages(n int64) {
+	now := db.dirtyPages.Add(n)
+	for {
+		peak := db.dirtyPeak.Load()
+		if now <= peak || db.dirtyPeak.CompareAndSwap(peak, now) {
+			return
+		}
+	}
+}
+
+// OverDirtyShare reports whether p must cut its write batch (Commit) to
+// keep the dirty and staged pages of its DB near bound bytes
+// (DirtyPageBytes): true when they have reached bound and p holds (dirty
+// or staged) at least half of its fair share, bound over the open
+// partitions. Partitions under half their
+// share hold less than bound/2 between them, and a partition over it
+// that adds a page while the DB is at bound cuts its batch at its next
+// check, so with a check after every record the DB's dirty pages stay
+// under 1.5 x bound plus one record's pages per partition, however many
+// partitions there are and whichever are idle. bound <= 0 never asks
+// for a cut. Safe for concurrent use with the other PartitionStates of
+// the DB.
+func (p *PartitionState) OverDirtyShare(bound int64) bool {
+	held := len(p.dirty) + p.staged
+	if bound <= 0 || held == 0 {
+		return false
+	}
+	own := int64(held) * int64(p.db.opts.PageBytes)
+	return p.db.DirtyPageBytes() >= bound && own*2*max(p.db.openCount.Load(), 1) >= bound
+}
+
+// SetStagedPages records that the caller holds n pages of p staged outside
+// the store (the copies of an open exactly-once transaction,
+// filter.Overlay.Staged), to be counted with p's dirty pages in
+// DirtyPageBytes and OverDirtyShare; 0 once they are applied (Commit of
+// the overlay turns them into dirty pages) or dropped. Close forgets them.
+func (p *PartitionState) SetStagedPages(n int) {
+	if p.closed || n == p.staged {
+		return
+	}
+	p.db.addDirtyPages(int64(n - p.staged))
+	p.staged = n
+}

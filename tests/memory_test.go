@@ -1,0 +1,69 @@
+package tests
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/internal/app"
+	"github.com/kdedup/kdedup/internal/scenario"
+)
+
+// TestDirtyPagesBoundedAcrossPartitions: the dirty pages of all
+// partitions together stay under 1.5 times the worker's dirty-page bound
+// (consumer.Options.MaxDirtyPageBytes, a share of KDEDUP_MEMORY_BYTES)
+// plus one record's pages per partition, while deciding a backlog (both
+// delivery modes) and while rebuilding it by replay, with write batches
+// otherwise cut only every 10 s and 8 MiB: 8 partitions of about 100
+// pages (400 KiB) each, all changed within one flush interval, against a
+// bound of 256 KiB. The peak (kdedup_store_dirty_page_peak_bytes) must reach the
+// bound, so that the bound is what held it, and the output is exactly the
+// model's.
+func TestDirtyPagesBoundedAcrossPartitions(t *testing.T) {
+	const (
+		partitions = 8
+		bound      = 256 << 10
+		pageBytes  = 4 << 10
+		limit      = bound*3/2 + partitions*pageBytes // one page a record (MAX_OCCURRENCES 1)
+	)
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, partitions)
+		p.delivery = delivery
+		p.extraEnv = map[string]string{"KDEDUP_CAPACITY": "100000", "KDEDUP_FLUSH_INTERVAL": "10s", "KDEDUP_SESSION_TIMEOUT": "10s"}
+		p.appOpts = []app.Option{app.WithMaxDirtyPageBytes(bound)}
+		var recs []*kgo.Record
+		for i := range 24000 {
+			recs = append(recs, &kgo.Record{Key: fmt.Appendf(nil, "key-%06d", i), Value: []byte("v"), Timestamp: scenario.Base.Add(time.Duration(i) * time.Millisecond)})
+		}
+		p.feed(t, recs, len(recs), 0).wait(t)
+
+		check := func(what string, w *worker) {
+			t.Helper()
+			peak := w.metric(t, "kdedup_store_dirty_page_peak_bytes")
+			t.Logf("%s: dirty pages peaked at %.0f bytes (bound %d, limit %d)", what, peak, bound, limit)
+			if peak > limit {
+				t.Errorf("%s: dirty pages peaked at %.0f bytes, over 1.5 x the bound %d plus a page per partition (%d)", what, peak, bound, limit)
+			}
+			if peak < bound {
+				t.Errorf("%s: dirty pages peaked at %.0f bytes, under the bound %d: the test proves nothing", what, peak, bound)
+			}
+		}
+		w := p.startWorker(t, t.TempDir())
+		want, got := p.output(t, recs)
+		requireExact(t, want, got)
+		check("deciding", w)
+		w.stop(t)
+
+		// A worker with an empty disk rebuilds every partition by replay,
+		// all of them at once.
+		w = p.startWorker(t, t.TempDir())
+		waitReadyOwning(t, w, partitions)
+		if n := w.metric(t, "kdedup_replayed_records_total"); n != float64(len(recs)) {
+			t.Fatalf("replayed %v records, want %d", n, len(recs))
+		}
+		check("replaying", w)
+		w.stop(t)
+	})
+}
