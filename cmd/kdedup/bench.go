@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -48,6 +49,15 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&o.bits, "fingerprint-bits", 0, "KDEDUP_FINGERPRINT_BITS of the worker (0: the default)")
 	fs.BoolVar(&o.process, "worker-process", false, "run the worker as a child process (kdedup run) and report its peak resident memory")
 	fs.StringVar(&o.cacheBytes, "cache-bytes", "", "KDEDUP_CACHE_BYTES of the worker (empty: the default)")
+	o.workerVars = map[string]string{}
+	fs.Func("env", "`KDEDUP_NAME=value` set for the worker, such as KDEDUP_MEMORY_BYTES=1843MiB or KDEDUP_CAPACITY=50000000; repeatable", func(kv string) error {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(k, config.Prefix) {
+			return fmt.Errorf("-env %q: want %sNAME=value", kv, config.Prefix)
+		}
+		o.workerVars[k] = v
+		return nil
+	})
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile of this process to `file` while the (in-process) worker of the first round runs; the broker's work is in it too")
 	fs.StringVar(&o.heapProfile, "heap-profile", "", "write a heap profile of this process to `file` once the (in-process) worker has caught up; the broker's records are in it too")
 	fs.StringVar(&o.broker, "broker", "kfake", "kfake: worker and passthrough on an in-process broker; apache: kdedup, the passthrough and a Kafka Streams deduplicator, each as its own process, on one Apache Kafka broker (needs Java 17 and Maven; see BENCHMARKS.md)")
@@ -149,6 +159,7 @@ type benchOptions struct {
 	records, partitions, rounds, bits   int
 	process                             bool
 	cacheBytes, heapProfile, cpuProfile string
+	workerVars                          map[string]string // -env: more KDEDUP_ variables of the worker
 	brokers                             []string
 	adm                                 *kadm.Client
 
@@ -203,6 +214,7 @@ func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io
 	if o.cacheBytes != "" {
 		env["KDEDUP_CACHE_BYTES"] = o.cacheBytes
 	}
+	maps.Copy(env, o.workerVars)
 	if o.process {
 		return runWorkerProcess(ctx, o, env, group, stdout)
 	}
