@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -26,6 +27,7 @@ import (
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
 	"github.com/kdedup/kdedup/internal/benchenv"
+	"github.com/kdedup/kdedup/internal/budget"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -59,6 +61,9 @@ type rig struct {
 	rec        kgo.Record
 	key        [16]byte
 	batches    int
+	// maxDirty bounds the dirty pages of all partitions as the worker
+	// does (consumer.Options.MaxDirtyPageBytes); 0: no bound.
+	maxDirty int64
 }
 
 // newRig opens a store in dir with a page cache of cacheBytes (0: the
@@ -106,7 +111,7 @@ func (r *rig) feed(from, to uint64) error {
 			return err
 		}
 		r.next[p]++
-		if d.DirtyBytes() >= r.flushBytes {
+		if d.DirtyBytes() >= r.flushBytes || d.OverDirtyShare(r.maxDirty) {
 			if err := r.commit(int(p)); err != nil {
 				return err
 			}
@@ -428,12 +433,15 @@ func BenchmarkDurable(b *testing.B) {
 // 1,000,000, over KDEDUP_BENCH_PARTITIONS partitions, default 4), with a
 // page cache of KDEDUP_BENCH_CACHE bytes (default store.DefaultCacheBytes,
 // 256 MiB; 15728640 puts the 60 MiB of pages of 20M keys at 4 times the
-// cache). b.N is the number of timed records: -benchtime 1000000x is 20 s
+// cache), or the worker's memory budget of KDEDUP_BENCH_MEMORY bytes
+// (benchBudget). b.N is the number of timed records: -benchtime 1000000x is 20 s
 // at 50,000/s.
 // The metrics are atRate's: BenchmarkDurable's, plus rec/s, the rate
-// achieved (below KDEDUP_BENCH_RATE when the process cannot keep up), and
+// achieved (below KDEDUP_BENCH_RATE when the process cannot keep up),
 // preload-s, the time the preload took (flat out, untimed by the
-// benchmark). KDEDUP_BENCH_CPUPROFILE=file profiles the timed records
+// benchmark), page-bits/key and pages-MiB, the chains' pages after the
+// timed records, and peak-RSS-MiB, the peak resident memory (VmHWM) of the
+// timed records alone (preload-peak-RSS-MiB, the preload's). KDEDUP_BENCH_CPUPROFILE=file profiles the timed records
 // alone.
 //
 //	KDEDUP_BENCH_KEYS=1000000 go test -run '^$' -bench 'DurableRate' -benchtime 1000000x -timeout 60m ./store
@@ -441,12 +449,13 @@ func BenchmarkDurableRate(b *testing.B) {
 	keys := benchenv.Int(b, "KDEDUP_BENCH_KEYS", 1_000_000)
 	partitions := benchenv.Int(b, "KDEDUP_BENCH_PARTITIONS", 4)
 	rate := benchenv.Int(b, "KDEDUP_BENCH_RATE", 50_000)
-	cache := benchenv.Int(b, "KDEDUP_BENCH_CACHE", store.DefaultCacheBytes)
+	cache, maxDirty := benchBudget(b)
 	dir := b.TempDir()
-	r, err := newRig(dir, partitions, 4096, int64(cache), time.Second)
+	r, err := newRig(dir, partitions, 4096, cache, time.Second)
 	if err != nil {
 		b.Fatal(err)
 	}
+	r.maxDirty = maxDirty
 	closed := false
 	defer func() {
 		if closed {
@@ -507,6 +516,34 @@ func BenchmarkDurableRate(b *testing.B) {
 		keys64, float64(pageBytes*8)/keys64, rest, consolidated)
 }
 
+// benchBudget is the page cache and the dirty-page bound of a benchmark
+// store: with KDEDUP_BENCH_MEMORY set, the worker's memory budget of that
+// many bytes is applied as kdedup run applies it (internal/budget: the
+// cache's share unless KDEDUP_BENCH_CACHE overrides it, the dirty-page
+// bound, and Go's soft memory limit set for this process), its parts for
+// Kafka (fetch buffers, a decompressed batch) reserved but unused here;
+// without it, a cache of KDEDUP_BENCH_CACHE (default
+// store.DefaultCacheBytes) and no dirty-page bound beyond FlushBytes per
+// partition.
+func benchBudget(b *testing.B) (cache, maxDirty int64) {
+	total := benchenv.Int(b, "KDEDUP_BENCH_MEMORY", 0)
+	override := int64(benchenv.Int(b, "KDEDUP_BENCH_CACHE", 0))
+	if total == 0 {
+		if override == 0 {
+			override = store.DefaultCacheBytes
+		}
+		return override, 0
+	}
+	s, err := budget.Plan(budget.Inputs{TotalBytes: int64(total), StoreBytes: store.Options{PageBytes: 4096}.MemoryBytes(),
+		DecompressBytes: 64 << 20, PageBytes: 4096, CacheBytes: override})
+	if err != nil {
+		b.Fatal(err)
+	}
+	debug.SetMemoryLimit(s.GoLimit)
+	b.Logf("memory budget %d MiB: page cache %d MiB, dirty pages %d MiB, Go memory limit %d MiB", s.Total>>20, s.Cache>>20, s.Dirty>>20, s.GoLimit>>20)
+	return s.Cache, s.MaxDirtyPageBytes()
+}
+
 // feeder is a store fed records as the worker feeds it: rig (kdedup) or
 // keySet (the exact key set).
 type feeder interface {
@@ -543,6 +580,8 @@ func atRate(b *testing.B, f feeder, fed uint64, rate int, preload time.Duration)
 			}
 		}()
 	}
+	preloadPeak := benchenv.PeakRSS()
+	benchenv.ResetPeakRSS() // the peak of the timed records alone
 	before := sample(b)
 	for sent := uint64(0); sent < uint64(b.N); {
 		due := before.wall.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
@@ -570,6 +609,15 @@ func atRate(b *testing.B, f feeder, fed uint64, rate int, preload time.Duration)
 	}
 	b.ReportMetric(float64(f.batchCount()-batches)/after.wall.Sub(before.wall).Seconds(), "batches/s")
 	b.ReportMetric(float64(benchenv.PeakRSS())/(1<<20), "peak-RSS-MiB")
+	b.ReportMetric(float64(preloadPeak)/(1<<20), "preload-peak-RSS-MiB")
+	if st, ok := f.(interface {
+		stats() (items, slots, pageBytes uint64)
+	}); ok {
+		if items, _, pageBytes := st.stats(); items > 0 {
+			b.ReportMetric(float64(pageBytes*8)/float64(items), "page-bits/key")
+			b.ReportMetric(float64(pageBytes)/(1<<20), "pages-MiB")
+		}
+	}
 	b.ReportMetric(preload.Seconds(), "preload-s")
 	return fed + uint64(b.N)
 }

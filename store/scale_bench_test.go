@@ -34,7 +34,8 @@ var scaleStores = map[string]string{
 // KDEDUP_BENCH_SCALE_STORES (default "kdedup,keyset"), each timed over
 // KDEDUP_BENCH_SCALE_RECORDS records (default 1,000,000: 20 s at 50,000
 // per second). The other variables (KDEDUP_BENCH_RATE,
-// KDEDUP_BENCH_PARTITIONS, KDEDUP_BENCH_CACHE) pass to every point.
+// KDEDUP_BENCH_PARTITIONS, KDEDUP_BENCH_CACHE, KDEDUP_BENCH_MEMORY: the
+// worker's memory budget applied to kdedup) pass to every point.
 //
 // Each point prints one result line,
 //
@@ -85,7 +86,11 @@ func BenchmarkScale(b *testing.B) {
 				metrics map[string]float64
 				load    float64
 			)
-			b.Run(fmt.Sprintf("keys=%d/store=%s/cache=%dMiB", keys, s, cacheMiB[s]), func(b *testing.B) {
+			name := fmt.Sprintf("keys=%d/store=%s/cache=%dMiB", keys, s, cacheMiB[s])
+			if mem := benchenv.Int(b, "KDEDUP_BENCH_MEMORY", 0); mem > 0 && s == "kdedup" {
+				name = fmt.Sprintf("keys=%d/store=%s/memory=%dMiB", keys, s, mem>>20) // the cache is the budget's share
+			}
+			b.Run(name, func(b *testing.B) {
 				if metrics == nil {
 					load = loadAverage()
 					var err error
