@@ -27,7 +27,11 @@ func memoryBudget(cfg config.Config, limit func() (uint64, error)) (budget.Split
 		CacheBytes:      int64(cfg.CacheBytes),
 	})
 	if err != nil {
-		return budget.Split{}, source, fmt.Errorf("KDEDUP_MEMORY_BYTES (%s): %w; raise the container's memory limit or KDEDUP_MEMORY_BYTES, or lower KDEDUP_FLUSH_BYTES or KDEDUP_MAX_DECOMPRESS_BYTES", source, err)
+		what := fmt.Sprintf("KDEDUP_MEMORY_BYTES=%v", cfg.MemoryBytes)
+		if cfg.MemoryBytes == 0 {
+			what = "KDEDUP_MEMORY_BYTES unset, the memory budget from " + source
+		}
+		return budget.Split{}, source, fmt.Errorf("%s: %w; raise the container's memory limit or KDEDUP_MEMORY_BYTES, or lower KDEDUP_FLUSH_BYTES or KDEDUP_MAX_DECOMPRESS_BYTES", what, err)
 	}
 	return s, source, nil
 }

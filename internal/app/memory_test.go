@@ -79,10 +79,10 @@ func TestMemoryBudget(t *testing.T) {
 
 	t.Run("too small", func(t *testing.T) {
 		_, _, err := memoryBudget(workerConfig(t, "KDEDUP_MEMORY_BYTES", "256MiB"), noLimit)
-		if !errors.Is(err, budget.ErrTooSmall) || !strings.Contains(err.Error(), "KDEDUP_MEMORY_BYTES") {
+		if !errors.Is(err, budget.ErrTooSmall) || !strings.Contains(err.Error(), "KDEDUP_MEMORY_BYTES=256MiB") {
 			t.Fatalf("err = %v, want ErrTooSmall naming KDEDUP_MEMORY_BYTES", err)
 		}
-		m := regexp.MustCompile(`at least (\d+) bytes are needed`).FindStringSubmatch(err.Error())
+		m := regexp.MustCompile(`at least (\d+) bytes \(\d+ MiB\) are needed`).FindStringSubmatch(err.Error())
 		if m == nil {
 			t.Fatalf("no least budget in %q", err)
 		}

@@ -108,8 +108,9 @@ func Plan(in Inputs) (Split, error) {
 		s.Over = max(in.CacheBytes-share, 0)
 	} else {
 		if share < minCachePages*in.PageBytes {
-			return Split{}, fmt.Errorf("%w: %d bytes leave %d for the page cache, under %d pages of %d bytes; the store needs %d, the fetch buffers %d, a decompressed batch %d, the dirty pages %d and the runtime %d; at least %d bytes are needed",
-				ErrTooSmall, in.TotalBytes, max(share, 0), minCachePages, in.PageBytes, s.Store, s.Fetch, s.Decompress, s.Dirty, s.Runtime, least(in))
+			l := least(in)
+			return Split{}, fmt.Errorf("%w: %d bytes leave %d for the page cache, under %d pages of %d bytes; the store needs %d, the fetch buffers %d, a decompressed batch %d, the dirty pages %d and the runtime %d; at least %d bytes (%d MiB) are needed",
+				ErrTooSmall, in.TotalBytes, max(share, 0), minCachePages, in.PageBytes, s.Store, s.Fetch, s.Decompress, s.Dirty, s.Runtime, l, l/mib)
 		}
 		s.Cache = share
 	}
