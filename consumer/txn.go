@@ -109,19 +109,22 @@ func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
 	// staged yet (a write batch ends every replay): it bounds the poll
 	// like an idle one.
 	n := min(pollRecords, w.opts.FlushBytes/per)
+	pageBytes := int64(w.opts.Dedup.Options().Filter.WithDefaults().PageBytes)
+	perStaged := per // a partition assigned while the poll waits is not known here
 	for _, pw := range parts {
 		if !pw.planned.Load() || pw.restoring.Load() {
 			continue // its restore goroutine owns the deduplicator; the group client fetches nothing for it
 		}
 		n = min(n, (w.opts.FlushBytes-pw.dedup.DirtyBytes()-pw.dedup.StagedBytes())/per)
+		perStaged = max(perStaged, int64(pw.dedup.MaxPagesPerRecord())*pageBytes)
 	}
-	held := w.opts.Dedup.DirtyPageBytes() // dirty and staged, every partition's, replays included
 	// The pages of all partitions, dirty and staged, stay under 1.5 x
 	// MaxDirtyPageBytes, as OverDirtyShare keeps them at least once: a
-	// record changes at most per bytes of pages (whole pages count
-	// PageBytes), and flushDue cuts the batches of the partitions holding
-	// their share once the transaction's changes are applied.
-	n = min(n, (w.opts.MaxDirtyPageBytes*3/2-held)/per)
+	// record stages at most perStaged bytes of pages (it reads one page of
+	// each sub-filter), and flushDue cuts the batches of the partitions
+	// holding their share once the transaction's changes are applied.
+	held := w.opts.Dedup.DirtyPageBytes() // dirty and staged, every partition's, replays included
+	n = min(n, (w.opts.MaxDirtyPageBytes*3/2-held)/perStaged)
 	return int(max(0, n))
 }
 

@@ -538,6 +538,16 @@ func (o Options) MaxDirtyPagesPerRecord() int {
 	return n
 }
 
+// MaxPagesPerRecord bounds the filter pages deciding the next record can
+// read or change in the chain as it stands: one page of each sub-filter
+// (a lookup probes every sub-filter, both buckets of a key in one page),
+// one of a sub-filter the record may add, and the pages it may change
+// (MaxDirtyPagesPerRecord). With Options.Staged, each is a page the
+// record may stage (filter.Overlay copies every page it reads).
+func (p *Deduplicator) MaxPagesPerRecord() int {
+	return p.chain.Len() + 1 + p.MaxDirtyPagesPerRecord()
+}
+
 // Stats returns the filter's load, sub-filters and estimated false-positive
 // rate.
 func (p *Deduplicator) Stats() filter.Stats { return p.chain.Stats() }

@@ -1,10 +1,13 @@
 package dedup
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kdedup/kdedup/filter"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -71,4 +74,69 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no single series %s", name)
 	return 0
+}
+
+// TestMaxPagesPerRecordBoundsStaging: with staged changes (exactly once),
+// no record stages more pages than MaxPagesPerRecord said before it was
+// decided, as the chain grows to several sub-filters, with deletes,
+// repeats, a limit of two copies and staged rounds committed or
+// discarded; and the store counts the overlay's pages
+// (store.DB.DirtyPageBytes) as they are staged, dirty once committed.
+func TestMaxPagesPerRecordBoundsStaging(t *testing.T) {
+	db := openDB(t, "", store.Options{PageBytes: 512})
+	// Small pages, so that sub-filters have many and a record's lookup
+	// reads pages no earlier record of its round read.
+	chain := smallChain
+	chain.PageBytes, chain.Capacity = 512, 256
+	opts := Options{Filter: chain, Staged: true, MaxOccurrences: 2, DeleteHeader: deleteHeader, DeleteValue: deleteValue,
+		HashSeed: filter.Seed{K0: 3, K1: 4}} // the same pages every run
+
+	p := openPartition(t, db, "orders", 0, opts, nil)
+	defer p.Close()
+	rng := rand.New(rand.NewPCG(7, 8))
+	pageBytes := int64(p.chain.Params().PageBytes)
+	var off, committed int64
+	most := 0
+	for i := range 20000 {
+		kinds := []recordKind{put, put, put, tombstone, marker}
+		kind := kinds[rng.IntN(len(kinds))]
+		r := keyModes["key"].render(kind, fmt.Sprintf("k%d", rng.IntN(8000)))
+		r.Offset = off
+		off++
+		bound := p.MaxPagesPerRecord()
+		before := p.overlay.Staged()
+		if _, err := p.Decide(r); err != nil {
+			t.Fatal(err)
+		}
+		got := p.overlay.Staged() - before
+		if got > bound {
+			t.Fatalf("record %d (%v) staged %d pages, MaxPagesPerRecord said %d", i, kind, got, bound)
+		}
+		most = max(most, got)
+		if got, want := db.DirtyPageBytes(), int64(p.overlay.Staged()+p.state.DirtyPages())*pageBytes; got != want {
+			t.Fatalf("record %d: the store counts %d bytes of pages, the overlay and dirty pages hold %d", i, got, want)
+		}
+		switch rng.IntN(40) {
+		case 0:
+			if err := p.CommitStaged(); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Commit(store.Checkpoint{Offset: off}); err != nil {
+				t.Fatal(err)
+			}
+			committed = off
+		case 1:
+			if err := p.DiscardStaged(); err != nil {
+				t.Fatal(err)
+			}
+			off = committed // the input is read again
+		}
+	}
+	if p.Stats().SubFilters < 3 {
+		t.Fatalf("%d sub-filters: the chain did not grow, the test proves little", p.Stats().SubFilters)
+	}
+	t.Logf("%d sub-filters; a record staged at most %d pages", p.Stats().SubFilters, most)
+	if most < 4 {
+		t.Fatalf("no record staged more than %d pages: the test proves little", most)
+	}
 }

@@ -240,6 +240,9 @@ func (c *Chain) Params() Params { return c.p }
 // SubFilters returns a copy of the chain's sub-filters, oldest first.
 func (c *Chain) SubFilters() []SubFilter { return append([]SubFilter(nil), c.subs...) }
 
+// Len returns the number of sub-filters in the chain, every generation's.
+func (c *Chain) Len() int { return len(c.subs) }
+
 // Stats returns the chain's load and estimated false-positive rate.
 func (c *Chain) Stats() Stats {
 	s := Stats{SubFilters: len(c.subs), Watermark: c.watermark}
