@@ -128,6 +128,7 @@ func TestKillLosesNothing(t *testing.T) {
 	t.Logf("kill times drawn with seed %d", seed)
 	f := p.feed(t, recs, chunk, pause)
 	pr := p.startProcess(t, dir, "KDEDUP_LOG_LEVEL=info")
+	var ends []map[int32]int64 // the output's end offsets after each kill
 	for i := range kills {
 		pr.waitReady(t)
 		// Kill only a worker that keeps up: one catching up with what
@@ -146,14 +147,20 @@ func TestKillLosesNothing(t *testing.T) {
 		}
 		budget.lose(t, fmt.Sprintf("kill %d", i+1), time.Now())
 		pr.kill()
+		ends = append(ends, p.outputEnds(t))
 		pr = p.startProcess(t, dir, "KDEDUP_LOG_LEVEL=info")
 	}
 	f.hurry()
 	f.wait(t)
-	want, got := p.output(t, recs)
+	want, got, out := p.outputRecords(t, recs)
 	pr.kill()
 	extra := requireNothingMissing(t, want, got)
 	t.Logf("after %d kills: %d records expected, %d read, %d extra (forwarded again after a kill)", kills, want.Stats.Forwarded, got.Stats.Forwarded, extra)
+	perKill, before := extrasPerLoss(want, out, ends)
+	if len(before) > 0 {
+		t.Errorf("%d records forwarded twice before the first kill, such as %s", len(before), before[:min(5, len(before))])
+	}
+	budget.requireEach(t, perKill)
 	budget.require(t, extra)
 }
 

@@ -299,6 +299,13 @@ func (f *feeder) wait(t *testing.T) {
 // the output topic and returns it with the exact model of the input.
 func (p *pipeline) output(t *testing.T, recs []*kgo.Record) (want, got scenario.Model) {
 	t.Helper()
+	want, got, _ = p.outputRecords(t, recs)
+	return want, got
+}
+
+// outputRecords is output with the records read from the output topic.
+func (p *pipeline) outputRecords(t *testing.T, recs []*kgo.Record) (want, got scenario.Model, out []*kgo.Record) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
@@ -309,7 +316,7 @@ func (p *pipeline) output(t *testing.T, recs []*kgo.Record) (want, got scenario.
 		t.Fatal(err)
 	}
 	want, _ = p.expect(recs)
-	return want, scenario.Observe(out)
+	return want, scenario.Observe(out), out
 }
 
 // dropped reads the duplicates topic, once output has seen the group
