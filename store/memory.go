@@ -3,24 +3,44 @@ package store
 import "github.com/dgraph-io/badger/v4/skl"
 
 // MemoryBytes estimates the memory a DB opened with o holds besides its
-// page cache (CacheBytes) and its dirty pages (DirtyPageBytes): Badger's
-// memtable arenas (numMemtables of them, each MemTableSize plus the
-// largest transaction and its skiplist nodes, Badger's arenaSize), its
-// block cache, and the builders of the tables a memtable flush and a
-// compaction write at the same time (two arenas' worth: a level-0 table
-// is a whole memtable, and Badger's allocator pool keeps builders at the
-// size they grew to). The memtable follows from FlushBytes, so this is
-// where a memory budget learns what a larger FlushBytes costs. It is an
-// estimate, checked against peak resident memory in BENCHMARKS.md
-// ("Memory budget"); o's zero fields take their defaults.
+// page cache (CacheBytes) and its dirty pages (DirtyPageBytes) while it
+// writes steadily: Badger's memtable arenas (numMemtables of them, and the
+// one being flushed until its level-0 table is written; each
+// MemTableSize plus the largest transaction and its skiplist nodes,
+// Badger's arenaSize), its block cache, and the table builders'
+// allocators: those Badger keeps in a pool of badgerAllocatorPool while it
+// is busy and those building tables at that moment (builderInFlight), at
+// the size they grow to: from 2 x BaseTableSize, doubling, until they hold
+// a level-0 table, a whole memtable. The memtable follows from
+// FlushBytes, so this is where a memory budget learns what a larger
+// FlushBytes costs: about 1.3 GiB at the defaults, four fifths of it the
+// builders (heap profiles of a worker deciding flat out into a state 20
+// times its page cache: 1.0 GiB of builders, three arenas of 83 MiB;
+// BENCHMARKS.md, "Memory budget"). o's zero fields take their defaults.
 func (o Options) MemoryBytes() int64 {
 	o = o.withDefaults()
 	size, _ := batchLimits(o.PageBytes, o.FlushBytes)
 	mt := memTableBytes(size)
 	maxBatch := 15 * mt / 100 // Badger's MaxBatchSize
 	arena := mt + maxBatch + maxBatch/int64(skl.MaxNodeSize)*int64(skl.MaxNodeSize)
-	return numMemtables*arena + blockCacheBytes + 2*arena
+	// A builder's allocator starts at 2 x BaseTableSize and adds buffers
+	// of twice the last until it holds the table.
+	builder, buf := int64(0), int64(2*baseTableBytes)
+	for builder < arena {
+		builder += buf
+		buf *= 2
+	}
+	return (numMemtables+1)*arena + blockCacheBytes + (badgerAllocatorPool+builderInFlight)*builder
 }
+
+// badgerAllocatorPool is how many table builders' allocators Badger keeps
+// for reuse (z.NewAllocatorPool(8) in badger.Open), releasing one every 2 s
+// only once it is idle; builderInFlight is how many more a memtable flush
+// and the compactions were seen to hold at once besides them.
+const (
+	badgerAllocatorPool = 8
+	builderInFlight     = 3
+)
 
 // DirtyPageBytes is the memory the dirty pages of every PartitionState of
 // the DB hold, with the pages their callers stage for them

@@ -75,18 +75,18 @@ func TestDirtyPageBytesRandomized(t *testing.T) {
 	}
 }
 
-// TestMemoryBytesFollowsFlushBytes: the estimate holds two memtable arenas
-// and two table builders of the memtable FlushBytes needs, so it grows
-// with FlushBytes and is the same for the zero Options as for the
-// defaults.
+// TestMemoryBytesFollowsFlushBytes: the estimate holds three memtable
+// arenas, the block cache and eleven table builders each large enough for a
+// memtable, so it grows with FlushBytes and is the same for the zero
+// Options as for the defaults.
 func TestMemoryBytesFollowsFlushBytes(t *testing.T) {
 	def := Options{}.MemoryBytes()
 	if got := (Options{PageBytes: DefaultPageBytes, FlushBytes: DefaultFlushBytes}).MemoryBytes(); got != def {
 		t.Errorf("defaults spelt out: %d, zero Options %d", got, def)
 	}
 	size, _ := batchLimits(DefaultPageBytes, DefaultFlushBytes)
-	if mt := memTableBytes(size); def < 4*mt+blockCacheBytes {
-		t.Errorf("MemoryBytes = %d, less than four memtables of %d and the block cache", def, mt)
+	if mt := memTableBytes(size); def < (numMemtables+1+badgerAllocatorPool+builderInFlight)*mt+blockCacheBytes {
+		t.Errorf("MemoryBytes = %d, less than three memtables and eleven builders of %d and the block cache", def, mt)
 	}
 	big := Options{FlushBytes: 64 << 20}.MemoryBytes()
 	if big <= def {

@@ -81,10 +81,12 @@ const (
 	// entryOverheadBytes is what Badger's Txn.checkSize adds to key and value
 	// length for each entry: 2 meta bytes and 10 for the version suffix.
 	entryOverheadBytes = 12
-	// Badger's MemTableSize: its default, and the most Open raises it to.
-	// Badger allocates a memtable arena of about 1.3x this size and keeps up
-	// to NumMemtables (numMemtables) of them.
-	minMemTableBytes = 64 << 20
+	// Badger's MemTableSize: the least Open gives it (a fourth of Badger's
+	// default, so that a small FlushBytes makes a small memtable, and with
+	// it small level-0 tables and table builders: MemoryBytes), and the
+	// most Open raises it to. Badger allocates a memtable arena of about
+	// 1.3x this size and keeps up to NumMemtables (numMemtables) of them.
+	minMemTableBytes = 16 << 20
 	maxMemTableBytes = 1 << 30
 
 	// numMemtables is Badger's NumMemtables: the memtable being written and

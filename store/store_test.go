@@ -451,8 +451,10 @@ func TestFlushBytes(t *testing.T) {
 		opts         Options
 		wantMemTable int64 // 0: the open must fail
 	}{
-		{"defaults fit the default memtable", Options{}, 64 << 20},
-		{"large pages", Options{PageBytes: 256 << 10, FlushBytes: 4 << 20}, 64 << 20},
+		// The least memtable over 100/15 of the batch, in whole MiB.
+		{"defaults", Options{}, 58 << 20},
+		{"large pages", Options{PageBytes: 256 << 10, FlushBytes: 4 << 20}, 29 << 20},
+		{"a small FlushBytes takes the least memtable", Options{FlushBytes: 1 << 20}, 16 << 20},
 		{"16 MiB raises the memtable", Options{FlushBytes: 16 << 20}, 115 << 20},
 		{"1 GiB is refused", Options{FlushBytes: 1 << 30}, 0},
 	}

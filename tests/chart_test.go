@@ -287,9 +287,9 @@ func TestChartIDPrefix(t *testing.T) {
 }
 
 // TestChartMemoryFromTheLimit: with the default values the chart sets only
-// the container's memory (2Gi, request = limit) and no variable derived
+// the container's memory (3Gi, request = limit) and no variable derived
 // from it; the worker's budget is then 90% of it, whose page cache is
-// the "about 750MiB" values.yaml promises (within 5%).
+// the "about 625MiB" values.yaml promises (within 5%).
 func TestChartMemoryFromTheLimit(t *testing.T) {
 	out, err := helmTemplate(t, []string{ciFile("default-values.yaml")}, "")
 	if err != nil {
@@ -303,8 +303,8 @@ func TestChartMemoryFromTheLimit(t *testing.T) {
 		}
 	}
 	limit := c.Resources.Limits[corev1.ResourceMemory]
-	if limit.Value() != 2<<30 {
-		t.Fatalf("memory limit %s, want the documented 2Gi", limit.String())
+	if limit.Value() != 3<<30 {
+		t.Fatalf("memory limit %s, want the documented 3Gi", limit.String())
 	}
 	cfg := loadEnv(t, c)
 	total, _ := budget.Total(int64(cfg.MemoryBytes), func() (uint64, error) { return uint64(limit.Value()), nil })
@@ -314,8 +314,8 @@ func TestChartMemoryFromTheLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := int64(750 << 20); s.Cache < want*95/100 || s.Cache > want*105/100 {
-		t.Errorf("page cache %d MiB under the default 2Gi limit; values.yaml says about 750MiB", s.Cache>>20)
+	if want := int64(625 << 20); s.Cache < want*95/100 || s.Cache > want*105/100 {
+		t.Errorf("page cache %d MiB under the default 2Gi limit; values.yaml says about 625MiB", s.Cache>>20)
 	}
 }
 

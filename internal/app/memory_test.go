@@ -54,9 +54,9 @@ func TestMemoryBudget(t *testing.T) {
 		source    string
 	}{
 		{"variable", []string{"KDEDUP_MEMORY_BYTES", "3GiB"}, limitOf(8 << 30), 3 << 30, "KDEDUP_MEMORY_BYTES"},
-		{"container", nil, limitOf(2 << 30), 2 << 30 * 9 / 10, "90% of the container's memory limit"},
-		{"no container limit", nil, noLimit, 1 << 30, "default (no container memory limit)"},
-		{"unreadable limit", nil, func() (uint64, error) { return 0, errors.New("permission denied") }, 1 << 30, "could not be read (permission denied)"},
+		{"container", nil, limitOf(4 << 30), 4 << 30 * 9 / 10, "90% of the container's memory limit"},
+		{"no container limit", nil, noLimit, budget.DefaultTotalBytes, "default (no container memory limit)"},
+		{"unreadable limit", nil, func() (uint64, error) { return 0, errors.New("permission denied") }, budget.DefaultTotalBytes, "could not be read (permission denied)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := workerConfig(t, tc.env...)
@@ -99,12 +99,12 @@ func TestMemoryBudget(t *testing.T) {
 	})
 
 	t.Run("cache override", func(t *testing.T) {
-		s, _, err := memoryBudget(workerConfig(t, "KDEDUP_MEMORY_BYTES", "1GiB", "KDEDUP_CACHE_BYTES", "2GiB"), noLimit)
+		s, _, err := memoryBudget(workerConfig(t, "KDEDUP_MEMORY_BYTES", "4GiB", "KDEDUP_CACHE_BYTES", "6GiB"), noLimit)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s.Cache != 2<<30 || !s.CacheOverride || s.Over <= 0 {
-			t.Errorf("cache %d (override %t, over %d), want 2GiB as given, over its share", s.Cache, s.CacheOverride, s.Over)
+		if s.Cache != 6<<30 || !s.CacheOverride || s.Over <= 0 {
+			t.Errorf("cache %d (override %t, over %d), want 6GiB as given, over its share", s.Cache, s.CacheOverride, s.Over)
 		}
 	})
 }
@@ -113,7 +113,7 @@ func TestMemoryBudget(t *testing.T) {
 // GOMEMLIMIT is in the environment, whatever its value, or the budget is
 // too small.
 func TestMemoryLimit(t *testing.T) {
-	cfg := workerConfig(t, "KDEDUP_MEMORY_BYTES", "2GiB")
+	cfg := workerConfig(t, "KDEDUP_MEMORY_BYTES", "4GiB")
 	s, _, err := memoryBudget(cfg, noLimit)
 	if err != nil {
 		t.Fatal(err)
@@ -144,8 +144,8 @@ func TestMemoryLimit(t *testing.T) {
 			}
 		})
 	}
-	if s.GoLimit != s.Total-s.NonGo || s.GoLimit >= 2<<30 {
-		t.Errorf("GoLimit %d of a 2GiB budget (outside Go %d)", s.GoLimit, s.NonGo)
+	if s.GoLimit != s.Total-s.NonGo || s.GoLimit >= 4<<30 {
+		t.Errorf("GoLimit %d of a 4GiB budget (outside Go %d)", s.GoLimit, s.NonGo)
 	}
 }
 
@@ -156,7 +156,7 @@ func TestSetMemoryLimit(t *testing.T) {
 	prev := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
 	log := slog.New(slog.DiscardHandler)
-	cfg := workerConfig(t, "KDEDUP_MEMORY_BYTES", "1536MiB")
+	cfg := workerConfig(t, "KDEDUP_MEMORY_BYTES", "3GiB")
 
 	t.Run("applied", func(t *testing.T) {
 		t.Setenv("GOMEMLIMIT", "") // restored after the test
@@ -166,7 +166,7 @@ func TestSetMemoryLimit(t *testing.T) {
 		debug.SetMemoryLimit(math.MaxInt64)
 		SetMemoryLimit(cfg, log)
 		want, _ := memoryLimit(cfg, func(string) (string, bool) { return "", false }, noLimit)
-		if got := debug.SetMemoryLimit(-1); got != want || got >= 1536<<20 {
+		if got := debug.SetMemoryLimit(-1); got != want || got >= 3<<30 {
 			t.Errorf("runtime memory limit %d after SetMemoryLimit, want %d, under the budget", got, want)
 		}
 	})

@@ -11,7 +11,7 @@
 //	non-Go   = max(T/16, 32 MiB)   thread stacks, the kernel's share of the
 //	                               mapped table files, C allocations
 //	GoLimit  = T - non-Go          runtime/debug.SetMemoryLimit
-//	headroom = GoLimit/5           garbage the collector has not returned yet
+//	headroom = GoLimit/8           garbage the collector has not returned yet
 //	live     = GoLimit - headroom  what the parts below hold at once
 //	runtime  = 96 MiB              goroutines, client metadata, metric series
 //	store    = store.Options.MemoryBytes (from FLUSH_BYTES)
@@ -20,8 +20,10 @@
 //	           the worker holds at most 1.5 times its bound)
 //	cache    = live - runtime - store - fetch - decompress - dirty
 //
-// A 2 GiB container (T = 1.8 GiB) gets a cache of about 750 MiB at the
-// default FLUSH_BYTES; 1 GiB, about 195 MiB. The figures behind the
+// At the default FLUSH_BYTES, whose Badger takes about 1.3 GiB, a 3 GiB
+// container (T = 2.7 GiB) gets a cache of about 625 MiB, and a 2 GiB
+// container is too small; with FLUSH_BYTES=2MiB Badger takes about 420 MiB
+// and a 2 GiB container gets about 785 MiB. The figures behind the
 // shares are in BENCHMARKS.md ("Memory budget").
 package budget
 
@@ -39,7 +41,7 @@ const (
 	nonGoDivisor  = 16
 	// headroomDivisor: the collector gets GoLimit/headroomDivisor of garbage
 	// before it has to run all the time.
-	headroomDivisor = 5
+	headroomDivisor = 8
 	// RuntimeBytes is the worker's fixed share: goroutines, the Kafka
 	// clients' metadata, metric series, HTTP.
 	RuntimeBytes = 96 * mib

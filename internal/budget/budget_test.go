@@ -3,18 +3,25 @@ package budget
 import (
 	"errors"
 	"testing"
+
+	"github.com/kdedup/kdedup/store"
 )
 
-const storeBytes = 340 * mib // about store.Options{}.MemoryBytes() at the defaults
+// storeBytes and storeBytes2MiB are store.Options.MemoryBytes at the
+// defaults and with FlushBytes 2 MiB (TestStoreBytes ties them).
+const (
+	storeBytes     = 1290 * mib
+	storeBytes2MiB = 422 * mib
+)
 
-// TestPlanAddsUp: over budgets from 768 MiB to 64 GiB, every share is
+// TestPlanAddsUp: over budgets from 2 GiB to 64 GiB, every share is
 // positive, the shares add up to the total exactly (outside Go + GoLimit,
 // headroom + live, live = its parts), the fetch buffer stays within
 // franz-go's default and 4 MiB, and a larger budget never gets a smaller
 // cache.
 func TestPlanAddsUp(t *testing.T) {
 	var prevCache int64
-	for total := int64(768 * mib); total <= 64<<30; total += total / 7 {
+	for total := int64(2 << 30); total <= 64<<30; total += total / 7 {
 		s, err := Plan(Inputs{TotalBytes: total, StoreBytes: storeBytes, DecompressBytes: 64 * mib, PageBytes: 4096})
 		if err != nil {
 			t.Fatalf("total %d: %v", total, err)
@@ -101,16 +108,16 @@ func TestPlanCacheOverride(t *testing.T) {
 	}
 }
 
-// TestPackageFigures: the package comment's examples, a 2 GiB container
-// and a 1 GiB budget at the defaults, hold to within 5%.
+// TestPackageFigures: the package comment's examples, a 3 GiB container at
+// the default FLUSH_BYTES and a 2 GiB one at 2 MiB, hold to within 5%.
 func TestPackageFigures(t *testing.T) {
 	for _, tc := range []struct {
-		total, cache int64
+		total, store, cache int64
 	}{
-		{2 << 30 * 9 / 10, 750 * mib},
-		{1 << 30, 195 * mib},
+		{3 << 30 * 9 / 10, storeBytes, 625 * mib},
+		{2 << 30 * 9 / 10, storeBytes2MiB, 785 * mib},
 	} {
-		s, err := Plan(Inputs{TotalBytes: tc.total, StoreBytes: storeBytes, DecompressBytes: 64 * mib, PageBytes: 4096})
+		s, err := Plan(Inputs{TotalBytes: tc.total, StoreBytes: tc.store, DecompressBytes: 64 * mib, PageBytes: 4096})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,5 +139,20 @@ func TestTotal(t *testing.T) {
 	}
 	if n, src := Total(0, fail); n != DefaultTotalBytes || src != "default (the container memory limit could not be read (cannot read))" {
 		t.Errorf("unreadable limit: %d from %q", n, src)
+	}
+}
+
+// TestStoreBytes ties the store's memory this file's figures assume to
+// store.Options.MemoryBytes, to the MiB.
+func TestStoreBytes(t *testing.T) {
+	for _, tc := range []struct {
+		flush, want int64
+	}{
+		{0, storeBytes},
+		{2 * mib, storeBytes2MiB},
+	} {
+		if got := (store.Options{FlushBytes: tc.flush}).MemoryBytes(); got/mib != tc.want/mib {
+			t.Errorf("FlushBytes %d: the store holds %d MiB, the figures here assume %d MiB", tc.flush, got/mib, tc.want/mib)
+		}
 	}
 }

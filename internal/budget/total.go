@@ -14,9 +14,11 @@ const (
 	// budget does not see, so that the container is not OOM-killed.
 	ContainerRatio = 0.9
 	// DefaultTotalBytes is the budget when neither KDEDUP_MEMORY_BYTES nor
-	// a container memory limit sets one: what a worker with the former
-	// defaults (a 256 MiB cache and 640 MiB besides) used.
-	DefaultTotalBytes = 1 << 30
+	// a container memory limit sets one: the chart's container less its
+	// 10%, rounded up, which leaves the page cache about 750 MiB at the
+	// default FLUSH_BYTES (Badger's share is about 1.3 GiB, see
+	// store.Options.MemoryBytes).
+	DefaultTotalBytes = 3 << 30
 )
 
 // CgroupLimit reads the memory limit of the process's cgroup (v2
