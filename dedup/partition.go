@@ -437,9 +437,8 @@ func (p *Deduplicator) CommitStaged() error {
 	if p.overlay == nil {
 		return nil
 	}
-	// The applied pages take the place of the staged copies one for one:
-	// counted once, as dirty pages.
-	p.state.SetStagedPages(0)
+	// The store moves each applied page from the staged count to the
+	// dirty one; the copies only read are dropped after.
 	err := p.overlay.Commit()
 	p.syncStaged()
 	if err != nil {

@@ -80,28 +80,40 @@ func (db *DB) addDirtyPages(n int64) {
 // keep the dirty and staged pages of its DB near bound bytes
 // (DirtyPageBytes): true when they have reached bound and p holds (dirty
 // or staged) at least half of its fair share, bound over the open
-// partitions. Partitions under half their
-// share hold less than bound/2 between them, and a partition over it
-// that adds a page while the DB is at bound cuts its batch at its next
-// check, so with a check after every record the DB's dirty pages stay
-// under 1.5 x bound plus one record's pages per partition, however many
-// partitions there are and whichever are idle. bound <= 0 never asks
+// partitions, and at least MinCutPages. Partitions under half their share
+// hold less than bound/2 between them, and a partition over it that adds
+// a page while the DB is at bound cuts its batch at its next check, so
+// with a check after every record the DB's dirty pages stay under
+// max(1.5 x bound, MinCutPages pages a partition) plus one record's pages
+// per partition, whichever partitions are idle. bound <= 0 never asks
 // for a cut. Safe for concurrent use with the other PartitionStates of
 // the DB.
 func (p *PartitionState) OverDirtyShare(bound int64) bool {
 	held := len(p.dirty) + p.staged
-	if bound <= 0 || held == 0 {
+	if bound <= 0 || held < MinCutPages {
 		return false
 	}
 	own := int64(held) * int64(p.db.opts.PageBytes)
 	return p.db.DirtyPageBytes() >= bound && own*2*max(p.db.openCount.Load(), 1) >= bound
 }
 
+// MinCutPages is the fewest changed pages for which OverDirtyShare asks a
+// partition to cut its write batch: with more partitions than bound over
+// 2 x MinCutPages pages, each may hold this many pages, and the DB's
+// changed pages may pass 1.5 x bound to MinCutPages a partition. Below
+// it, write batches of a few pages each (a thousand partitions sharing a
+// bound of 94 MiB cut every 11 pages) cost four times the CPU and, at
+// shutdown, thirty times the time they save in memory (BENCHMARKS.md,
+// "Memory budget").
+const MinCutPages = 64
+
 // SetStagedPages records that the caller holds n pages of p staged outside
 // the store (the copies of an open exactly-once transaction,
 // filter.Overlay.Staged), to be counted with p's dirty pages in
-// DirtyPageBytes and OverDirtyShare; 0 once they are applied (Commit of
-// the overlay turns them into dirty pages) or dropped. Close forgets them.
+// DirtyPageBytes and OverDirtyShare. While n is above 0, each page that
+// becomes dirty is taken to be one of them applied (filter.Overlay.Commit
+// marks them) and moves from the staged count to the dirty one; set n
+// again, to 0, once the rest are dropped. Close forgets them.
 func (p *PartitionState) SetStagedPages(n int) {
 	if p.closed || n == p.staged {
 		return

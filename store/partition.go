@@ -338,7 +338,14 @@ func (p *PartitionState) markDirty(id filter.PageID, page []byte) *dirtyPage {
 		}
 	}
 	p.dirty[id] = d
-	p.db.addDirtyPages(1)
+	if p.staged > 0 {
+		// A staged copy applied (filter.Overlay.Commit): it is this dirty
+		// page now, counted once throughout, so that no other partition
+		// sees the DB's pages dip while it is applied.
+		p.staged--
+	} else {
+		p.db.addDirtyPages(1)
+	}
 	// The cache holds clean pages only; this one no longer is.
 	p.db.cache.Remove(key)
 	p.last = nil

@@ -16,25 +16,26 @@ import (
 // (consumer.Options.MaxDirtyPageBytes, a share of KDEDUP_MEMORY_BYTES)
 // plus one record's pages per partition, while deciding a backlog (both
 // delivery modes) and while rebuilding it by replay, with write batches
-// otherwise cut only every 10 s and 8 MiB: 8 partitions of about 100
-// pages (400 KiB) each, all changed within one flush interval, against a
-// bound of 256 KiB. The peak (kdedup_store_dirty_page_peak_bytes) must reach the
+// otherwise cut only every 10 s and 8 MiB: 8 partitions of about 1,200
+// pages (4.7 MiB) each, nearly all changed within one flush interval,
+// against a bound of 4 MiB, which one partition's replay alone passes
+// without it. The peak (kdedup_store_dirty_page_peak_bytes) must reach the
 // bound, so that the bound is what held it, and the output is exactly the
 // model's.
 func TestDirtyPagesBoundedAcrossPartitions(t *testing.T) {
 	const (
 		partitions = 8
-		bound      = 256 << 10
+		bound      = 4 << 20 // a partition's half share, 256 KiB, above store.MinCutPages
 		pageBytes  = 4 << 10
 		limit      = bound*3/2 + partitions*pageBytes // one page a record (MAX_OCCURRENCES 1)
 	)
 	deliveries(t, func(t *testing.T, delivery string) {
 		p := newPipeline(t, partitions)
 		p.delivery = delivery
-		p.extraEnv = map[string]string{"KDEDUP_CAPACITY": "100000", "KDEDUP_FLUSH_INTERVAL": "10s", "KDEDUP_SESSION_TIMEOUT": "10s"}
+		p.extraEnv = map[string]string{"KDEDUP_CAPACITY": "1200000", "KDEDUP_FLUSH_INTERVAL": "10s", "KDEDUP_SESSION_TIMEOUT": "10s"}
 		p.appOpts = []app.Option{app.WithMaxDirtyPageBytes(bound)}
 		var recs []*kgo.Record
-		for i := range 24000 {
+		for i := range 40000 {
 			recs = append(recs, &kgo.Record{Key: fmt.Appendf(nil, "key-%06d", i), Value: []byte("v"), Timestamp: scenario.Base.Add(time.Duration(i) * time.Millisecond)})
 		}
 		p.feed(t, recs, len(recs), 0).wait(t)
