@@ -544,12 +544,14 @@ func (p *PartitionState) Discard() {
 	p.dropCached()
 }
 
+// dropCached makes the partition's cached pages unreachable by taking a
+// new owner number: they age out of the LRU like any page nobody asks for,
+// in O(1). Removing them one by one scanned the whole cache once per
+// partition, which a thousand partitions closing at once with a 650 MiB
+// cache turned into 24 s of shutdown and 1.5 GiB of garbage.
 func (p *PartitionState) dropCached() {
-	for _, k := range p.db.cache.Keys() {
-		if k.owner == p.owner {
-			p.db.cache.Remove(k)
-		}
-	}
+	p.owner = p.db.nextOwner.Add(1)
+	p.last = nil
 }
 
 // Close releases the in-memory state of the partition, dropping its dirty
