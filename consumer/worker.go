@@ -54,6 +54,10 @@ type Worker struct {
 	// them only once until End, so an idle session must End to hear of
 	// the next one (transactLoop).
 	revokedSinceEnd atomic.Bool
+	// consolidating is held by the one partition whose idle consolidation
+	// step runs (partitionWorker.consolidateIdle): background work, one
+	// at a time.
+	consolidating atomic.Bool
 
 	// mu guards connected, parts, closing, fatalErr and cancelPoll, and
 	// the writes of cl and sess (publish). It is held only to read and

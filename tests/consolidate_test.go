@@ -34,6 +34,19 @@ func TestIdleConsolidation(t *testing.T) {
 		p.feed(t, recs, 100, 50*time.Millisecond).wait(t)
 		want, got := p.output(t, recs)
 		requireExact(t, want, got)
+		// A last chunk of new keys once the worker has caught up: its
+		// write batches are deltas however the stream before was batched
+		// (a Kafka session restarted under load decides the whole backlog
+		// in one batch that rewrites every page whole, leaving nothing to
+		// consolidate).
+		var late []*kgo.Record
+		for i := range 40 {
+			late = append(late, &kgo.Record{Key: fmt.Appendf(nil, "late-%02d", i), Value: []byte("late"), Timestamp: scenario.Base.Add(time.Hour)})
+		}
+		p.feed(t, late, len(late), 0).wait(t)
+		recs = append(recs, late...)
+		want, got = p.output(t, recs)
+		requireExact(t, want, got)
 
 		// Idle: consolidation starts 10 flush intervals (1 s) after the
 		// last record and folds a partition's deltas in steps of up to
