@@ -113,8 +113,9 @@ type Options struct {
 	// they reach it, a partition holding at least half its fair share cuts
 	// its write batch at its next record
 	// (store.PartitionState.OverDirtyShare), so they stay under 1.5 x
-	// this plus a record's pages per partition whatever the partition
-	// count. FlushBytes still bounds each partition's write batch.
+	// this, or store.MinCutPages pages a partition when the partitions
+	// are so many that this is less, plus a record's pages per partition.
+	// FlushBytes still bounds each partition's write batch.
 	MaxDirtyPageBytes int64
 	// TransactionInterval (ExactlyOnce) is the longest time a Kafka
 	// transaction stays open deciding polled records (default 100ms, as

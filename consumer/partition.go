@@ -442,28 +442,30 @@ const consolidateIdleIntervals = 10
 // that its bytes follow the records it carries, and an idle partition has
 // the time to fold them in, bringing its state at rest back to its page
 // bytes. It runs where flush runs and, like flush, never while a replay
-// owns the deduplicator; one partition of the worker at a time. The store remembers that nothing is left, so the
+// owns the deduplicator; one partition of the worker at a time. It reports
+// whether it took a step. The store remembers that nothing is left, so the
 // steps of a partition that stays idle cost nothing.
-func (pw *partitionWorker) consolidateIdle() {
+func (pw *partitionWorker) consolidateIdle() (stepped bool) {
 	if !pw.planned.Load() || pw.restoring.Load() || pw.failed.Load() {
-		return
+		return false
 	}
 	interval := pw.w.opts.FlushInterval
 	now := time.Now()
 	if now.Sub(pw.lastActive) < consolidateIdleIntervals*interval || now.Sub(pw.lastConsolidate) < interval {
-		return
+		return false
 	}
 	// One partition of the worker consolidates at a time: a thousand
 	// partitions falling idle together all read and rewrote their pages at
 	// once, and a stop waited 30 s for their steps.
 	if !pw.w.consolidating.CompareAndSwap(false, true) {
-		return // another partition's step runs; try again next interval
+		return false // another partition's step runs; try again next interval
 	}
 	defer pw.w.consolidating.Store(false)
 	pw.lastConsolidate = now
 	if _, err := pw.dedup.ConsolidateStep(pw.w.opts.FlushBytes / 2); err != nil {
 		pw.fail(err)
 	}
+	return true
 }
 
 func (pw *partitionWorker) fail(err error) {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/store"
 )
 
 // transactLoop is the exactly-once loop. Each Kafka transaction decides
@@ -118,13 +120,20 @@ func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
 		n = min(n, (w.opts.FlushBytes-pw.dedup.DirtyBytes()-pw.dedup.StagedBytes())/per)
 		perStaged = max(perStaged, int64(pw.dedup.MaxPagesPerRecord())*pageBytes)
 	}
-	// The pages of all partitions, dirty and staged, stay under 1.5 x
-	// MaxDirtyPageBytes, as OverDirtyShare keeps them at least once: a
-	// record stages at most perStaged bytes of pages (it reads one page of
-	// each sub-filter), and flushDue cuts the batches of the partitions
-	// holding their share once the transaction's changes are applied.
-	held := w.opts.Dedup.DirtyPageBytes() // dirty and staged, every partition's, replays included
-	n = min(n, (w.opts.MaxDirtyPageBytes*3/2-held)/perStaged)
+	// The pages of all partitions, dirty and staged, stay under the
+	// ceiling OverDirtyShare keeps them under at least once, 1.5 x
+	// MaxDirtyPageBytes or store.MinCutPages a partition, whichever is
+	// more (below MinCutPages no partition is asked to cut, so a lower
+	// ceiling could leave every transaction one record long until the
+	// flush interval): a record stages at most perStaged bytes of pages (it
+	// reads one page of each sub-filter), and flushDue cuts the batches of
+	// the partitions holding their share once the transaction's changes
+	// are applied.
+	if bound := w.opts.MaxDirtyPageBytes; bound > 0 {
+		ceiling := max(bound*3/2, int64(len(parts))*store.MinCutPages*pageBytes)
+		held := w.opts.Dedup.DirtyPageBytes() // dirty and staged, every partition's, replays included
+		n = min(n, (ceiling-held)/perStaged)
+	}
 	return int(max(0, n))
 }
 
@@ -287,6 +296,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 // other half), or when the dirty pages of all partitions reach
 // MaxDirtyPageBytes and the partition holds its share of them.
 func (w *Worker) flushDue() {
+	consolidated := false
 	for _, pw := range w.partitionsSnapshot() {
 		if !pw.planned.Load() || pw.restoring.Load() {
 			continue // its restore goroutine owns (or may be about to own) the deduplicator
@@ -294,6 +304,12 @@ func (w *Worker) flushDue() {
 		if time.Since(pw.lastFlush) >= w.opts.FlushInterval || pw.dedup.DirtyBytes() >= w.opts.FlushBytes/2 || pw.dedup.OverDirtyShare(w.opts.MaxDirtyPageBytes) {
 			pw.flush()
 		}
-		pw.consolidateIdle()
+		// One consolidation step a call, as at least once one a worker at
+		// a time: rebalances and a stop wait for this loop. The
+		// snapshot's order is the map's, so every idle partition gets
+		// its turn.
+		if !consolidated {
+			consolidated = pw.consolidateIdle()
+		}
 	}
 }

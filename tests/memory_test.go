@@ -9,6 +9,7 @@ import (
 
 	"github.com/kdedup/kdedup/internal/app"
 	"github.com/kdedup/kdedup/internal/scenario"
+	"github.com/kdedup/kdedup/store"
 )
 
 // TestDirtyPagesBoundedAcrossPartitions: the dirty pages of all
@@ -25,7 +26,7 @@ import (
 func TestDirtyPagesBoundedAcrossPartitions(t *testing.T) {
 	const (
 		partitions = 8
-		bound      = 4 << 20 // a partition's half share, 256 KiB, above store.MinCutPages
+		bound      = 4 << 20 // a partition's half share, 256 KiB: store.MinCutPages pages
 		pageBytes  = 4 << 10
 		limit      = bound*3/2 + partitions*pageBytes // one page a record (MAX_OCCURRENCES 1)
 	)
@@ -67,4 +68,48 @@ func TestDirtyPagesBoundedAcrossPartitions(t *testing.T) {
 		check("replaying", w)
 		w.stop(t)
 	})
+}
+
+// TestManyPartitionsUnderTheFloor (exactly once): with a dirty-page bound
+// whose share per partition (16 KiB, 4 pages) is under store.MinCutPages,
+// no partition is asked to cut for it, and transactions must still hold
+// many records: the poll budget's ceiling is the floor's, MinCutPages a
+// partition, not 1.5 x the bound (which left every transaction one record
+// long until the flush interval). The changed pages stay under that
+// ceiling plus a page per partition, and the output is exactly the
+// model's.
+func TestManyPartitionsUnderTheFloor(t *testing.T) {
+	const (
+		partitions = 8
+		bound      = 256 << 10
+		pageBytes  = 4 << 10
+		limit      = partitions*store.MinCutPages*pageBytes + partitions*pageBytes
+	)
+	p := newPipeline(t, partitions)
+	p.delivery = "exactly-once"
+	p.extraEnv = map[string]string{"KDEDUP_CAPACITY": "1200000", "KDEDUP_FLUSH_INTERVAL": "10s", "KDEDUP_SESSION_TIMEOUT": "10s"}
+	p.appOpts = []app.Option{app.WithMaxDirtyPageBytes(bound)}
+	var recs []*kgo.Record
+	for i := range 20000 {
+		recs = append(recs, &kgo.Record{Key: fmt.Appendf(nil, "key-%06d", i), Value: []byte("v"), Timestamp: scenario.Base.Add(time.Duration(i) * time.Millisecond)})
+	}
+	p.feed(t, recs, len(recs), 0).wait(t)
+	w := p.startWorker(t, t.TempDir())
+	want, got := p.output(t, recs)
+	mfs, err := w.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	peak := w.metric(t, "kdedup_store_dirty_page_peak_bytes")
+	w.stop(t)
+	requireExact(t, want, got)
+	txns := histogram(t, mfs, "kdedup_transaction_records")
+	mean := txns.GetSampleSum() / float64(txns.GetSampleCount())
+	t.Logf("%d transactions, %.0f records each on average; dirty pages peaked at %.0f bytes (limit %d)", txns.GetSampleCount(), mean, peak, limit)
+	if mean < 100 {
+		t.Errorf("transactions held %.0f records on average: the poll budget starved under the floor", mean)
+	}
+	if peak > limit {
+		t.Errorf("dirty pages peaked at %.0f bytes, over %d pages a partition (store.MinCutPages) plus a page each (%d)", peak, store.MinCutPages, limit)
+	}
 }

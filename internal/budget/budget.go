@@ -17,7 +17,8 @@
 //	store    = store.Options.MemoryBytes (from FLUSH_BYTES)
 //	fetch    = live/32 in [4 MiB, 50 MiB]
 //	dirty    = live/16, at least 4 MiB (the dirty-page bound is 2/3 of it:
-//	           the worker holds at most 1.5 times its bound)
+//	           the worker holds at most 1.5 times its bound, or 64 pages a
+//	           partition when it owns more than bound/128 pages' worth)
 //	cache    = live - runtime - store - fetch - decompress - dirty
 //
 // At the default FLUSH_BYTES, whose Badger takes about 1.3 GiB, a 3 GiB
@@ -97,7 +98,8 @@ type Split struct {
 
 // MaxDirtyPageBytes is the bound on the dirty pages of all partitions
 // (consumer.Options.MaxDirtyPageBytes): the worker holds up to 1.5 times
-// it, which is Dirty.
+// it, which is Dirty, unless its partitions are so many that 64 pages
+// each (store.MinCutPages) are more.
 func (s Split) MaxDirtyPageBytes() int64 { return s.Dirty * 2 / 3 }
 
 // Plan splits in.TotalBytes (see the package comment). It returns an

@@ -15,7 +15,7 @@ const (
 	ContainerRatio = 0.9
 	// DefaultTotalBytes is the budget when neither KDEDUP_MEMORY_BYTES nor
 	// a container memory limit sets one: the chart's container less its
-	// 10%, rounded up, which leaves the page cache about 750 MiB at the
+	// 10%, rounded up, which leaves the page cache about 860 MiB at the
 	// default FLUSH_BYTES (Badger's share is about 1.3 GiB, see
 	// store.Options.MemoryBytes).
 	DefaultTotalBytes = 3 << 30
