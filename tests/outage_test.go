@@ -305,10 +305,12 @@ func (b *repeatBudget) requireEach(t *testing.T, extras []int) {
 }
 
 // extrasPerLoss attributes the records out (an at-least-once output) holds
-// beyond want to the loss after which they were forwarded again: a
-// record's copies beyond the model's count are the later ones in its
-// output partition, and a copy belongs to the last loss i whose output end
-// offsets ends[i] (listed right after the loss) it is at or past. A copy
+// beyond want to the loss after which they were forwarded again. A copy
+// belongs to the last loss i whose output end offsets ends[i] (listed
+// right after the loss) it is at or past in its partition, or to none
+// before the first; a record's copies beyond the model's count are those of
+// the latest losses (copies of a keyless record may land in any output
+// partition, so the order is the loss's, then the offset's). A copy
 // before the first loss is listed apart, in before (key, partition,
 // offset): nothing should forward a record twice without a loss.
 func extrasPerLoss(want scenario.Model, out []*kgo.Record, ends []map[int32]int64) (perLoss []int, before []string) {
@@ -322,28 +324,35 @@ func extrasPerLoss(want scenario.Model, out []*kgo.Record, ends []map[int32]int6
 	for _, s := range want.Unkeyed {
 		allowed[id(nil, s)]++
 	}
-	sorted := slices.Clone(out)
-	slices.SortFunc(sorted, func(a, b *kgo.Record) int {
-		return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
+	type copyOf struct {
+		r    *kgo.Record
+		loss int // -1: before the first loss
+	}
+	copies := make([]copyOf, len(out))
+	for i, r := range out {
+		loss := -1
+		for j, e := range ends {
+			if r.Offset >= e[r.Partition] {
+				loss = j
+			}
+		}
+		copies[i] = copyOf{r, loss}
+	}
+	slices.SortFunc(copies, func(a, b copyOf) int {
+		return cmp.Or(cmp.Compare(a.loss, b.loss), cmp.Compare(a.r.Partition, b.r.Partition), cmp.Compare(a.r.Offset, b.r.Offset))
 	})
 	perLoss = make([]int, len(ends))
-	for _, r := range sorted {
-		k := id(r.Key, scenario.Signature(r))
+	for _, c := range copies {
+		k := id(c.r.Key, scenario.Signature(c.r))
 		if allowed[k] > 0 {
 			allowed[k]--
 			continue
 		}
-		loss := -1
-		for i, e := range ends {
-			if r.Offset >= e[r.Partition] {
-				loss = i
-			}
-		}
-		if loss < 0 {
-			before = append(before, fmt.Sprintf("key %q at %d/%d (first loss's end offset %d)", r.Key, r.Partition, r.Offset, ends[0][r.Partition]))
+		if c.loss < 0 {
+			before = append(before, fmt.Sprintf("key %q at %d/%d (first loss's end offset %d)", c.r.Key, c.r.Partition, c.r.Offset, ends[0][c.r.Partition]))
 			continue
 		}
-		perLoss[loss]++
+		perLoss[c.loss]++
 	}
 	return perLoss, before
 }
