@@ -257,9 +257,24 @@ type repeatBudget struct {
 func (b *repeatBudget) rateWindow() time.Duration { return max(time.Second, 10*b.flush) }
 
 // newRepeatBudget meters p's input from now on; chunk is the feeder's chunk.
+// It returns once the meter has two samples, so that a loss at any time
+// after has a rate (the first listing of offsets can take longer than a
+// test takes to its first kill on Apache Kafka).
 func (p *pipeline) newRepeatBudget(t *testing.T, chunk int) *repeatBudget {
 	t.Helper()
-	return &repeatBudget{meter: p.meterInput(t), flush: p.flushInterval(t), poll: chunk}
+	m := p.meterInput(t)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		m.mu.Lock()
+		n := len(m.samples)
+		m.mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the input meter took %d samples of %s's end offsets in 30 s", n, p.in)
+		}
+	}
+	return &repeatBudget{meter: m, flush: p.flushInterval(t), poll: chunk}
 }
 
 // lose adds a session lost at at (now if zero) to the budget.
