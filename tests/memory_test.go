@@ -31,15 +31,7 @@ func TestDirtyPagesBoundedAcrossPartitions(t *testing.T) {
 		limit      = bound*3/2 + partitions*pageBytes // one page a record (MAX_OCCURRENCES 1)
 	)
 	deliveries(t, func(t *testing.T, delivery string) {
-		p := newPipeline(t, partitions)
-		p.delivery = delivery
-		p.extraEnv = map[string]string{"KDEDUP_CAPACITY": "1200000", "KDEDUP_FLUSH_INTERVAL": "10s", "KDEDUP_SESSION_TIMEOUT": "10s"}
-		p.appOpts = []app.Option{app.WithMaxDirtyPageBytes(bound)}
-		var recs []*kgo.Record
-		for i := range 40000 {
-			recs = append(recs, &kgo.Record{Key: fmt.Appendf(nil, "key-%06d", i), Value: []byte("v"), Timestamp: scenario.Base.Add(time.Duration(i) * time.Millisecond)})
-		}
-		p.feed(t, recs, len(recs), 0).wait(t)
+		p, recs := boundedBacklog(t, partitions, delivery, bound, 40000)
 
 		check := func(what string, w *worker) {
 			t.Helper()
@@ -85,15 +77,7 @@ func TestManyPartitionsUnderTheFloor(t *testing.T) {
 		pageBytes  = 4 << 10
 		limit      = partitions*store.MinCutPages*pageBytes + partitions*pageBytes
 	)
-	p := newPipeline(t, partitions)
-	p.delivery = "exactly-once"
-	p.extraEnv = map[string]string{"KDEDUP_CAPACITY": "1200000", "KDEDUP_FLUSH_INTERVAL": "10s", "KDEDUP_SESSION_TIMEOUT": "10s"}
-	p.appOpts = []app.Option{app.WithMaxDirtyPageBytes(bound)}
-	var recs []*kgo.Record
-	for i := range 20000 {
-		recs = append(recs, &kgo.Record{Key: fmt.Appendf(nil, "key-%06d", i), Value: []byte("v"), Timestamp: scenario.Base.Add(time.Duration(i) * time.Millisecond)})
-	}
-	p.feed(t, recs, len(recs), 0).wait(t)
+	p, recs := boundedBacklog(t, partitions, "exactly-once", bound, 20000)
 	w := p.startWorker(t, t.TempDir())
 	want, got := p.output(t, recs)
 	mfs, err := w.reg.Gather()
@@ -112,4 +96,22 @@ func TestManyPartitionsUnderTheFloor(t *testing.T) {
 	if peak > limit {
 		t.Errorf("dirty pages peaked at %.0f bytes, over %d pages a partition (store.MinCutPages) plus a page each (%d)", peak, store.MinCutPages, limit)
 	}
+}
+
+// boundedBacklog is a pipeline of partitions whose filters hold about
+// 1,200 pages each (KDEDUP_CAPACITY 1,200,000), write batches otherwise cut
+// only every 10 s, in-process workers with a dirty-page bound of bound
+// bytes, and an input of n records with distinct keys, all produced.
+func boundedBacklog(t *testing.T, partitions int32, delivery string, bound int64, n int) (*pipeline, []*kgo.Record) {
+	t.Helper()
+	p := newPipeline(t, partitions)
+	p.delivery = delivery
+	p.extraEnv = map[string]string{"KDEDUP_CAPACITY": "1200000", "KDEDUP_FLUSH_INTERVAL": "10s", "KDEDUP_SESSION_TIMEOUT": "10s"}
+	p.appOpts = []app.Option{app.WithMaxDirtyPageBytes(bound)}
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		recs[i] = &kgo.Record{Key: fmt.Appendf(nil, "key-%06d", i), Value: []byte("v"), Timestamp: scenario.Base.Add(time.Duration(i) * time.Millisecond)}
+	}
+	p.feed(t, recs, len(recs), 0).wait(t)
+	return p, recs
 }
