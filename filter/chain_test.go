@@ -194,6 +194,38 @@ func TestLoadAtFirstExpansion(t *testing.T) {
 	}
 }
 
+// TestChainGrowsOnlyWhenFull checks that the chain fills its older
+// sub-filters before it grows: with 512-byte pages (224 slots of 18-bit
+// fingerprints) a page overflows at a sub-filter load of about 0.81, and a
+// chain that grew on the newest sub-filter's first failed insert added its
+// 3rd, 4th and 5th sub-filters at a chain load of 0.80 to 0.81; placed in
+// an older sub-filter that has room, the key waits for every sub-filter
+// to be full in its pages, and the chain grows at 0.88 to 0.90. Every key
+// inserted stays contained.
+func TestChainGrowsOnlyWhenFull(t *testing.T) {
+	c, _ := newMem(t, Params{Capacity: 1 << 15, PageBytes: 512})
+	n := 0
+	for len(c.subs) < 5 {
+		before := c.Stats()
+		if _, err := c.Insert(key("k", n)); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if len(c.subs) == before.SubFilters || before.SubFilters < 2 {
+			continue
+		}
+		t.Logf("sub-filter %d added at chain load %.4f", len(c.subs), before.LoadFactor)
+		if before.LoadFactor < 0.86 {
+			t.Errorf("sub-filter %d added at chain load %.4f < 0.86: an older sub-filter had room", len(c.subs), before.LoadFactor)
+		}
+	}
+	for i := range n {
+		if ok, err := c.Contains(key("k", i)); err != nil || !ok {
+			t.Fatalf("key %d of %d: contained %v, error %v", i, n, ok, err)
+		}
+	}
+}
+
 // TestFalsePositiveRate fills one sub-filter to its first failed insert and
 // queries keys never inserted: the measured rate must be at most 1.5 times
 // the bound 2*b*load/2^f. The query counts give at least ~250 expected false

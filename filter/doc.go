@@ -63,10 +63,17 @@
 //
 // # Chain
 //
-// When a walk fails the chain appends a sub-filter with Expansion times the
-// pages of the newest one and inserts there,
-// as RedisBloom's scalable cuckoo filter does. Inserts go to the newest
-// sub-filter; lookups check newest first. The false-positive rate of one
+// Inserts go to the newest sub-filter. When its walk fails the key goes to
+// an older sub-filter that has room for it (an empty slot in its buckets,
+// then an eviction walk), and only when none has does the chain append a
+// sub-filter with Expansion times the pages of the newest one and insert
+// there, as RedisBloom's scalable cuckoo filter does on the first failure.
+// With page-local buckets the first failure comes when the fullest page of
+// the newest sub-filter overflows, at a load of 0.88-0.90 over thousands
+// of pages: filling the older ones first lets every sub-filter reach
+// 0.93-0.95 before the chain grows, and reuses slots that deletes freed
+// in older sub-filters (TestChainGrowsOnlyWhenFull). Lookups check newest
+// first. The false-positive rate of one
 // sub-filter is about 2*b*load/2^f (paper section 5.1); the chain's is the sum
 // of its sub-filters' rates, see Stats.EstimatedFPR.
 //
