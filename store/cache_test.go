@@ -7,7 +7,8 @@ import (
 )
 
 // TestCacheKeepsHotPage: with a cache of 16 pages, a page read between
-// every two reads of pages never read before stays cached (LRU), while the
+// every two reads of pages never read before stays cached (its CLOCK
+// reference bit is set again before the hand comes back), while the
 // others are evicted: reading the hot page never reads Badger again, and
 // reading the first cold page again does. A cold page is read between any
 // two reads of the hot one, so Page's shortcut for the page it returned
@@ -62,4 +63,10 @@ func TestCacheKeepsHotPage(t *testing.T) {
 	if reads() != before+1 {
 		t.Fatal("the first cold page is still cached after 100 others")
 	}
+}
+
+// cached reports whether page id of p is in the DB's page cache.
+func (p *PartitionState) cached(id filter.PageID) bool {
+	ch, i := p.table.slot(id, false)
+	return ch != nil && ch.clean[i].Load() != nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"sync/atomic"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/skl"
@@ -37,6 +38,19 @@ type pageLog struct {
 type cachedPage struct {
 	data []byte
 	log  pageLog
+	// ref is the CLOCK reference bit: set when the page is read, cleared
+	// by the pageCache's hand.
+	ref atomic.Bool
+	// ring is the page's entry in the pageCache.
+	ring int32
+}
+
+// touch sets c's reference bit, writing it only when it is clear so that
+// a hot page's cache line is not written on every read.
+func (c *cachedPage) touch() {
+	if !c.ref.Load() {
+		c.ref.Store(true)
+	}
 }
 
 // dirtyPage is a page changed since the last write batch: its bytes, its

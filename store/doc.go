@@ -21,9 +21,13 @@
 //
 // # Page cache
 //
-// Clean pages of every PartitionState of a DB share one LRU cache of
-// Options.CacheBytes; dirty pages are held by their PartitionState until Commit
-// and are never evicted. Badger is the durable copy, not the per-operation
+// Clean pages of every PartitionState of a DB share one cache of
+// Options.CacheBytes, evicted by CLOCK (second chance: a read sets the
+// page's reference bit, the hand evicts the first page whose bit is
+// clear); dirty pages are held by their PartitionState until Commit and are
+// never evicted. Each PartitionState finds its pages in a page table
+// indexed by sub-filter and page number (pagecache.go), without a lock or
+// a hash map on the path of a record. Badger is the durable copy, not the per-operation
 // path: a point read costs microseconds (BenchmarkPageRead), a cached page
 // about a hundred nanoseconds (BenchmarkPageCached).
 //
@@ -46,7 +50,7 @@
 // shared by the open Partitions, so that the pages prefetched by every
 // partition fit together and none is evicted before the record that needs
 // it. A dirty page is never read (its stored copy is older), and the cache
-// is the DB's LRU, safe for concurrent use. A prefetched page counts one
+// is the DB's, safe for concurrent use. A prefetched page counts one
 // cache miss; the Page call that follows counts a hit. Package dedup
 // decides when to prefetch and how to cut a poll into parts of
 // PrefetchLimit pages.

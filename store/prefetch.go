@@ -22,7 +22,7 @@ const PrefetchWorkers = 8
 // the slowest read instead of the sum of them (see the package comment).
 // It implements filter.Prefetcher.
 //
-// Pages already cached move to the front of the LRU. At most
+// Pages already cached are marked used (their CLOCK reference bit). At most
 // PrefetchLimit pages are read per call (the first ones of ids): the rest
 // are left to Page. Each page read counts once as a cache miss
 // (kdedup_store_page_cache_misses_total and CacheMisses); the Page call
@@ -47,15 +47,19 @@ func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 		if len(want) >= limit {
 			break
 		}
-		if _, ok := p.dirty[id]; ok {
+		ch, i := p.table.slot(id, false)
+		if ch != nil && ch.dirty[i] != nil {
 			continue // the dirty copy is newer than any stored one
 		}
 		if _, ok := p.prefetchSeen[id]; ok {
 			continue
 		}
 		p.prefetchSeen[id] = struct{}{}
-		if _, ok := p.db.cache.Get(cacheKey{owner: p.owner, id: id}); ok {
-			continue
+		if ch != nil {
+			if c := ch.clean[i].Load(); c != nil {
+				c.touch()
+				continue
+			}
 		}
 		want = append(want, id)
 	}
@@ -89,7 +93,7 @@ func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 	wg.Wait()
 	for i, c := range pages {
 		if c != nil {
-			p.db.cache.Add(cacheKey{owner: p.owner, id: want[i]}, c)
+			p.cache(want[i], c)
 		}
 	}
 	return errors.Join(errs...)

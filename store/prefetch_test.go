@@ -92,8 +92,8 @@ func TestPrefetchRandomizedAgainstModel(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if db.cache.Len() > 4 {
-			t.Fatalf("step %d: cache holds %d pages, budget is 4", step, db.cache.Len())
+		if db.cache.resident() > 4 {
+			t.Fatalf("step %d: cache holds %d pages, budget is 4", step, db.cache.resident())
 		}
 	}
 	if err := m.diff(p, ids); err != nil {
@@ -182,7 +182,7 @@ func TestPrefetchLimit(t *testing.T) {
 		t.Errorf("Prefetch of 10 pages read %d, want 4", got)
 	}
 	for _, id := range ids[:4] {
-		if !db.cache.Contains(cacheKey{owner: p.owner, id: id}) {
+		if !p.cached(id) {
 			t.Errorf("page %v, among the first 4 asked for, is not cached", id)
 		}
 	}
@@ -216,7 +216,7 @@ func TestPrefetchKeepsDirtyPages(t *testing.T) {
 		t.Error("page b changed by a delta was replaced by its stored copy")
 	}
 	for _, id := range []filter.PageID{a, b} {
-		if db.cache.Contains(cacheKey{owner: p.owner, id: id}) {
+		if p.cached(id) {
 			t.Errorf("dirty page %v was added to the cache of clean pages", id)
 		}
 	}
@@ -259,10 +259,10 @@ func TestPrefetchCorrupt(t *testing.T) {
 	if got := counter(t, db.metrics.corruptions) - before; got != 1 {
 		t.Errorf("corruptions counted %v, want 1", got)
 	}
-	if db.cache.Contains(cacheKey{owner: p.owner, id: bad}) {
+	if p.cached(bad) {
 		t.Error("the damaged page was cached")
 	}
-	if !db.cache.Contains(cacheKey{owner: p.owner, id: good}) {
+	if !p.cached(good) {
 		t.Error("the intact page of the batch was not cached")
 	}
 	if _, err := p.Page(bad); !errors.Is(err, ErrCorrupt) {
@@ -331,4 +331,7 @@ func TestConcurrentPrefetch(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	if n := db.cache.resident(); n > 8 {
+		t.Errorf("the cache holds %d pages, budget is 8", n)
+	}
 }

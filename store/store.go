@@ -15,7 +15,6 @@ import (
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
 	"github.com/dgraph-io/badger/v4/skl"
-	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kdedup/kdedup/filter"
@@ -277,10 +276,9 @@ type DB struct {
 	metrics *metrics
 	tuning  tuning
 
-	// cache holds clean pages of every PartitionState, keyed by the PartitionState's
-	// owner number so that a closed PartitionState's pages are never seen again.
-	cache     *lru.Cache[cacheKey, *cachedPage]
-	nextOwner atomic.Uint64
+	// cache bounds the clean pages of every PartitionState (their page
+	// tables hold them).
+	cache *pageCache
 
 	// batchSize and batchCount are the transaction a full write batch needs.
 	batchSize, batchCount int64
@@ -305,11 +303,6 @@ type DB struct {
 // CacheBytes/PageBytes, at least one.
 func (db *DB) cachePages() int {
 	return int(max(db.opts.CacheBytes/int64(db.opts.PageBytes), 1))
-}
-
-type cacheKey struct {
-	owner uint64
-	id    filter.PageID
 }
 
 // TopicPartition names one Kafka topic-partition.
@@ -356,11 +349,7 @@ func open(opts Options, tn tuning) (*DB, error) {
 	}
 	db.batchSize, db.batchCount = batchLimits(opts.PageBytes, opts.FlushBytes)
 	db.memTable = memTableBytes(db.batchSize)
-	cache, err := lru.New[cacheKey, *cachedPage](db.cachePages())
-	if err != nil {
-		return nil, fmt.Errorf("store: creating the page cache: %w", err)
-	}
-	db.cache = cache
+	db.cache = newPageCache(db.cachePages())
 
 	bo := badgerOptions(opts, db.memTable)
 	if !opts.InMemory {
@@ -372,6 +361,7 @@ func open(opts Options, tn tuning) (*DB, error) {
 	if bopen == nil {
 		bopen = badger.Open
 	}
+	var err error
 	if db.bdb, err = openBadger(bopen, bo, opts.Logger, db.where); err != nil {
 		return nil, db.refused(err)
 	}
@@ -551,7 +541,7 @@ func (db *DB) Close() error {
 	}
 	close(db.stopGC)
 	db.gcDone.Wait()
-	db.cache.Purge()
+	db.cache.purge()
 	if err := db.bdb.Close(); err != nil {
 		return fmt.Errorf("store: closing badger at %s: %w", db.where, err)
 	}
@@ -580,7 +570,6 @@ func (db *DB) Partition(topic string, partition int32) (*PartitionState, error) 
 		db:           db,
 		tp:           tp,
 		prefix:       partitionPrefix(topic, partition),
-		owner:        db.nextOwner.Add(1),
 		dirty:        make(map[filter.PageID]*dirtyPage),
 		prefetchSeen: make(map[filter.PageID]struct{}),
 	}
