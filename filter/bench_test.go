@@ -1,7 +1,10 @@
 package filter
 
 import (
+	"encoding/binary"
 	"fmt"
+	"os"
+	"strconv"
 	"testing"
 )
 
@@ -72,5 +75,42 @@ func BenchmarkLoadAtFirstExpansion(b *testing.B) {
 			}
 			b.ReportMetric(load, "load")
 		})
+	}
+}
+
+// BenchmarkChainGrowth grows one chain with the default Params (capacity
+// 1,000,000, 18-bit first fingerprints, b = 4, 4 KiB pages) to
+// KDEDUP_BENCH_GROWTH_KEYS distinct keys (default 25,000,000, the keys a
+// partition of a 100M-key worker on 4 partitions holds) and reports, for
+// each sub-filter k the chain adds, the chain's load factor just before
+// (load-before-sub-k) and its bits of pages per key just after
+// (bits/key-after-sub-k), the saw-tooth's peaks; then bits/key and the
+// chain's load at the end. Not timed: b.N only repeats it.
+//
+//	go test -run '^$' -bench ChainGrowth -benchtime 1x ./filter
+func BenchmarkChainGrowth(b *testing.B) {
+	n := 25_000_000
+	if v, err := strconv.Atoi(os.Getenv("KDEDUP_BENCH_GROWTH_KEYS")); err == nil && v > 0 {
+		n = v
+	}
+	for b.Loop() {
+		c, _ := newMem(b, Params{})
+		var k [8]byte
+		for i := 1; i <= n; i++ {
+			binary.LittleEndian.PutUint64(k[:], uint64(i))
+			subs, load := len(c.subs), c.Stats().LoadFactor
+			if _, err := c.Insert(k[:]); err != nil {
+				b.Fatal(err)
+			}
+			if len(c.subs) != subs {
+				s := c.Stats()
+				b.ReportMetric(load, fmt.Sprintf("load-before-sub-%d", s.SubFilters))
+				b.ReportMetric(float64(s.Bytes*8)/float64(i), fmt.Sprintf("bits/key-after-sub-%d", s.SubFilters))
+			}
+		}
+		s := c.Stats()
+		b.ReportMetric(float64(s.Bytes*8)/float64(n), "bits/key")
+		b.ReportMetric(s.LoadFactor, "load")
+		b.ReportMetric(0, "ns/op")
 	}
 }

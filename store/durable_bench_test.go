@@ -69,10 +69,15 @@ type rig struct {
 // newRig opens a store in dir with a page cache of cacheBytes (0: the
 // store's default) and the deduplicators of partitions partitions.
 func newRig(dir string, partitions, pageBytes int, cacheBytes int64, interval time.Duration) (*rig, error) {
+	flushBytes := int64(store.DefaultFlushBytes)
+	if v, err := strconv.ParseInt(os.Getenv("KDEDUP_BENCH_FLUSH_BYTES"), 10, 64); err == nil && v > 0 {
+		flushBytes = v
+	}
 	db, err := store.Open(store.Options{
 		Dir:        dir,
 		PageBytes:  pageBytes,
 		CacheBytes: cacheBytes,
+		FlushBytes: flushBytes,
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -83,7 +88,7 @@ func newRig(dir string, partitions, pageBytes int, cacheBytes int64, interval ti
 		next:       make([]int64, partitions),
 		flushed:    make([]int64, partitions),
 		interval:   interval,
-		flushBytes: store.DefaultFlushBytes,
+		flushBytes: flushBytes,
 		lastFlush:  time.Now(),
 		rec:        kgo.Record{Topic: "events", Value: []byte("v")},
 	}
@@ -434,7 +439,9 @@ func BenchmarkDurable(b *testing.B) {
 // page cache of KDEDUP_BENCH_CACHE bytes (default store.DefaultCacheBytes,
 // 256 MiB; 15728640 puts the 60 MiB of pages of 20M keys at 4 times the
 // cache), or the worker's memory budget of KDEDUP_BENCH_MEMORY bytes
-// (benchBudget). b.N is the number of timed records: -benchtime 1000000x is 20 s
+// (benchBudget), and write batches cut at KDEDUP_BENCH_FLUSH_BYTES of
+// dirty pages (default store.DefaultFlushBytes; Badger's memtable follows
+// it). b.N is the number of timed records: -benchtime 1000000x is 20 s
 // at 50,000/s.
 // The metrics are atRate's: BenchmarkDurable's, plus rec/s, the rate
 // achieved (below KDEDUP_BENCH_RATE when the process cannot keep up),
