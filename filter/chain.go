@@ -534,6 +534,10 @@ func (c *Chain) addHash(h uint64, gen int64) error {
 	return c.grow(h, gen)
 }
 
+// maxFallbackWalks is the most older sub-filters placeOrGrow walks in
+// for one key (their empty slots are all tried).
+const maxFallbackWalks = 4
+
 // placeOrGrow places h in generation gen, whose newest sub-filter could
 // not take it: in an older sub-filter of gen if one has room (an empty
 // slot in one of h's buckets, newest first, then an eviction walk, newest
@@ -549,6 +553,11 @@ func (c *Chain) addHash(h uint64, gen int64) error {
 // reuses the slots deletes free in older sub-filters. Every sub-filter's
 // fingerprint width is sized for a load of 1 (Params.SubFilterBits), so
 // the false-positive bound holds at any load.
+//
+// An insert walks in at most maxFallbackWalks older sub-filters, so that a
+// chain of many sub-filters near their maximum load (Expansion 1, or a
+// full chain that can no longer grow) costs an insert at most
+// (1 + maxFallbackWalks) x MaxKicks kicks, not one walk per sub-filter.
 func (c *Chain) placeOrGrow(h uint64, gen int64) error {
 	lo, hi := c.generation(gen)
 	for s := hi - 2; s >= lo; s-- {
@@ -567,7 +576,7 @@ func (c *Chain) placeOrGrow(h uint64, gen int64) error {
 			}
 		}
 	}
-	for s := hi - 2; s >= lo; s-- {
+	for s := hi - 2; s >= max(lo, hi-1-maxFallbackWalks); s-- {
 		if ok, err := c.place(h, s); err != nil || ok {
 			return err
 		}

@@ -226,6 +226,46 @@ func TestChainGrowsOnlyWhenFull(t *testing.T) {
 	}
 }
 
+// TestFullChainInsertBounded fills a chain that cannot grow (Expansion 1,
+// one 512-byte page per sub-filter, MaxSubFilters of them) until inserts
+// fail, then counts the pages one more insert opens: one lookup and one
+// empty-slot probe per sub-filter, and eviction walks in the newest and at
+// most maxFallbackWalks older sub-filters, not one walk per sub-filter
+// (63 more page opens and 63 x MaxKicks kicks per record once full).
+func TestFullChainInsertBounded(t *testing.T) {
+	c, pager := newMem(t, Params{FingerprintBits: 16, Capacity: 100, Expansion: 1, PageBytes: 512})
+	i := 0
+	for ; ; i++ {
+		_, err := c.Insert(key("k", i))
+		if errors.Is(err, ErrFull) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i > 1_000_000 {
+			t.Fatal("the chain never filled")
+		}
+	}
+	if len(c.subs) != MaxSubFilters {
+		t.Fatalf("%d sub-filters when full, want %d", len(c.subs), MaxSubFilters)
+	}
+	reads := 0
+	c.pager = &countingPager{Pager: pager, reads: &reads}
+	for j := 1; j <= 20; j++ {
+		reads = 0
+		if _, err := c.Insert(key("more", j)); err != nil && !errors.Is(err, ErrFull) {
+			t.Fatal(err)
+		}
+		// lookups of every sub-filter but the newest, the newest's probe and
+		// walk, the empty-slot probes of the older ones, and eviction
+		// walks in at most 4 older sub-filters, as placeOrGrow documents.
+		if most := (MaxSubFilters - 1) + 2 + (MaxSubFilters - 1) + 4; reads > most {
+			t.Fatalf("insert %d into a full chain opened %d pages, want at most %d", j, reads, most)
+		}
+	}
+}
+
 // TestFalsePositiveRate fills one sub-filter to its first failed insert and
 // queries keys never inserted: the measured rate must be at most 1.5 times
 // the bound 2*b*load/2^f. The query counts give at least ~250 expected false
