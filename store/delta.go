@@ -211,12 +211,19 @@ func applyDelta(page, v []byte) error {
 // any entry of the page is stored. Errors wrap ErrCorrupt for entries that
 // cannot be right.
 func (p *PartitionState) readPage(txn *badger.Txn, id filter.PageID) (data []byte, log pageLog, found bool, err error) {
-	pb := p.db.opts.PageBytes
 	prefix := pageKey(p.prefix, id)
-	data = make([]byte, pb)
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
 	defer it.Close()
-	for it.Rewind(); it.Valid(); it.Next() {
+	return p.readPageAt(it, prefix)
+}
+
+// readPageAt is readPage through it, an iterator of the partition's keys
+// that may be reused for other pages: it seeks prefix, page id's key, and
+// reads the page's entries.
+func (p *PartitionState) readPageAt(it *badger.Iterator, prefix []byte) (data []byte, log pageLog, found bool, err error) {
+	data = make([]byte, p.db.opts.PageBytes)
+	pb := p.db.opts.PageBytes
+	for it.Seek(prefix); it.ValidForPrefix(prefix); it.Next() {
 		item := it.Item()
 		k := item.Key()
 		found = true

@@ -43,10 +43,13 @@
 // those neither dirty nor cached concurrently into the cache, so that the
 // batch waits about as long as its slowest read (RocksDB's MultiGet, which
 // Kvrocks uses for commands over many keys, makes the same point for point
-// lookups). Each read is an independent Badger read-only transaction
-// (Badger runs any number concurrently); the reads are bounded by
-// PrefetchWorkers goroutines, a few more than cores, enough to keep a
-// disk's queue full, and by PrefetchLimit pages per call: half the cache
+// lookups). The pages are read in key order, each of PrefetchWorkers
+// goroutines (a few more than cores, enough to keep a disk's queue full)
+// taking a contiguous run of them through one Badger read-only
+// transaction and one iterator that seeks from page to page (Badger runs
+// any number concurrently), so that the iterator over the memtables and
+// every level's tables is built once per run rather than once per page;
+// they are bounded by PrefetchLimit pages per call: half the cache
 // shared by the open Partitions, so that the pages prefetched by every
 // partition fit together and none is evicted before the record that needs
 // it. A dirty page is never read (its stored copy is older), and the cache

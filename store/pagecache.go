@@ -1,6 +1,8 @@
 package store
 
 import (
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -96,7 +98,7 @@ func (t *pageTable) slot(id filter.PageID, create bool) (*pageChunk, int) {
 func (t *pageTable) drop(id uint32) {
 	for i := range t.subs {
 		if t.subs[i].id == id {
-			t.subs = append(t.subs[:i], t.subs[i+1:]...)
+			t.subs = slices.Delete(t.subs, i, i+1) // zeroes the vacated element
 			return
 		}
 	}
@@ -119,12 +121,14 @@ type pageCache struct {
 	used int
 	free []int32
 	hand int
+	// capacity is the most entries ring grows to (int32 indexes).
+	capacity int
 	// evictions counts the pages evicted to make room.
 	evictions uint64
 }
 
 func newPageCache(pages int) *pageCache {
-	return &pageCache{ring: make([]clockEntry, max(pages, 1))}
+	return &pageCache{capacity: min(max(pages, 1), math.MaxInt32)}
 }
 
 // add caches c in slot, evicting a page if the cache is full. The caller
@@ -135,6 +139,7 @@ func (pc *pageCache) add(slot *atomic.Pointer[cachedPage], c *cachedPage) {
 	i := pc.take()
 	pc.ring[i] = clockEntry{slot: slot, page: c}
 	c.ring = int32(i)
+	c.ref.Store(true) // just read: a second chance, as LRU puts it in front
 	slot.Store(c)
 }
 
@@ -146,14 +151,18 @@ func (pc *pageCache) take() int {
 		pc.free = pc.free[:n-1]
 		return int(i)
 	}
-	if pc.used < len(pc.ring) {
+	if pc.used < pc.capacity {
+		if pc.used == len(pc.ring) {
+			pc.ring = append(pc.ring, clockEntry{})
+			pc.ring = pc.ring[:cap(pc.ring)][:min(cap(pc.ring), pc.capacity)]
+		}
 		pc.used++
 		return pc.used - 1
 	}
 	for {
 		i := pc.hand
 		pc.hand++
-		if pc.hand == len(pc.ring) {
+		if pc.hand == pc.used {
 			pc.hand = 0
 		}
 		e := &pc.ring[i]

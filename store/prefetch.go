@@ -1,10 +1,13 @@
 package store
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
-	"sync/atomic"
+
+	"github.com/dgraph-io/badger/v4"
 
 	"github.com/kdedup/kdedup/filter"
 )
@@ -70,25 +73,37 @@ func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 	p.misses += uint64(len(want))
 	p.db.metrics.cacheMisses.Add(float64(len(want)))
 
+	// In key order, each worker reads a contiguous run of the pages
+	// through one Badger iterator, seeking from page to page: building an
+	// iterator over the memtables and every level's tables cost more than
+	// the read itself (BENCHMARKS.md, "Page reads at 4x the page cache").
+	slices.SortFunc(want, func(a, b filter.PageID) int {
+		return cmp.Or(cmp.Compare(a.SubFilter, b.SubFilter), cmp.Compare(a.Page, b.Page))
+	})
 	pages := make([]*cachedPage, len(want))
 	errs := make([]error, len(want))
-	var next atomic.Int64
+	workers := min(PrefetchWorkers, len(want))
 	var wg sync.WaitGroup
-	for range min(PrefetchWorkers, len(want)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= len(want) {
-					return
+	for w := range workers {
+		lo, hi := w*len(want)/workers, (w+1)*len(want)/workers
+		wg.Go(func() {
+			// loadAt only reads the PartitionState's immutable fields and
+			// the DB; each worker reads in its own Badger read-only
+			// transaction, which Badger allows concurrently.
+			err := p.db.bdb.View(func(txn *badger.Txn) error {
+				it := txn.NewIterator(badger.IteratorOptions{Prefix: p.prefix})
+				defer it.Close()
+				for i := lo; i < hi; i++ {
+					pages[i], errs[i] = p.loadAt(it, want[i], pageKey(p.prefix, want[i]))
 				}
-				// load1 only reads the PartitionState's immutable fields and
-				// the DB; each call reads in its own Badger read-only
-				// transaction, which Badger allows concurrently.
-				pages[i], errs[i] = p.load1(want[i])
+				return nil
+			})
+			if err != nil {
+				for i := lo; i < hi; i++ {
+					errs[i] = fmt.Errorf("store: reading %s of %s: %w", fmtPageID(want[i]), p.tp, err)
+				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	for i, c := range pages {

@@ -119,8 +119,9 @@ type Options struct {
 	PageBytes int
 	// CacheBytes bounds the clean pages kept in memory, shared by every
 	// PartitionState of the DB (default 256 MiB); the cache holds
-	// CacheBytes/PageBytes pages (at least one), least recently used evicted
-	// first. Dirty pages are not counted: they are bounded by FlushBytes.
+	// CacheBytes/PageBytes pages (at least one), evicted by CLOCK (an
+	// approximation of least recently used first; see the package
+	// comment). Dirty pages are not counted: they are bounded by FlushBytes.
 	CacheBytes int64
 	// FlushBytes is the largest write batch, as PartitionState.DirtyBytes counts
 	// it, that one Badger transaction must hold (default 8 MiB); the caller
