@@ -123,8 +123,6 @@ type pageCache struct {
 	hand int
 	// capacity is the most entries ring grows to (int32 indexes).
 	capacity int
-	// evictions counts the pages evicted to make room.
-	evictions uint64
 }
 
 func newPageCache(pages int) *pageCache {
@@ -173,11 +171,9 @@ func (pc *pageCache) take() int {
 			e.page.ref.Store(false)
 			continue
 		}
-		// Its owner may have replaced the page since (a stale entry:
-		// taken as free), else it is evicted here.
-		if e.slot.CompareAndSwap(e.page, nil) {
-			pc.evictions++
-		}
+		// Evicted here, unless its owner took it out since (a stale
+		// entry, taken as free).
+		e.slot.CompareAndSwap(e.page, nil)
 		*e = clockEntry{}
 		return i
 	}
