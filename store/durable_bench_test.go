@@ -572,21 +572,7 @@ type feeder interface {
 func atRate(b *testing.B, f feeder, fed uint64, rate int, preload time.Duration) uint64 {
 	slice := max(uint64(rate)/100, 1)
 	batches := f.batchCount()
-	if name := os.Getenv("KDEDUP_BENCH_CPUPROFILE"); name != "" {
-		prof, err := os.Create(name)
-		if err != nil {
-			b.Fatalf("creating the CPU profile: %v", err)
-		}
-		if err := pprof.StartCPUProfile(prof); err != nil {
-			b.Fatalf("starting the CPU profile: %v", err)
-		}
-		defer func() {
-			pprof.StopCPUProfile()
-			if err := prof.Close(); err != nil {
-				b.Errorf("writing the CPU profile: %v", err)
-			}
-		}()
-	}
+	defer profileCPU(b)()
 	preloadPeak := benchenv.PeakRSS()
 	benchenv.ResetPeakRSS() // the peak of the timed records alone
 	before := sample(b)
@@ -729,4 +715,26 @@ func BenchmarkKeySetAtRest(b *testing.B) {
 		rest := measureAtRest(b, dir, b.TempDir(), options.Snappy)
 		rest.report(b, float64(b.N))
 	})
+}
+
+// profileCPU starts a CPU profile written to the file KDEDUP_BENCH_CPUPROFILE
+// names, if set, and returns the function that stops and writes it.
+func profileCPU(b *testing.B) (stop func()) {
+	name := os.Getenv("KDEDUP_BENCH_CPUPROFILE")
+	if name == "" {
+		return func() {}
+	}
+	prof, err := os.Create(name)
+	if err != nil {
+		b.Fatalf("creating the CPU profile: %v", err)
+	}
+	if err := pprof.StartCPUProfile(prof); err != nil {
+		b.Fatalf("starting the CPU profile: %v", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := prof.Close(); err != nil {
+			b.Errorf("writing the CPU profile: %v", err)
+		}
+	}
 }

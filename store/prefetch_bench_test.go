@@ -27,6 +27,7 @@ import (
 //	KDEDUP_BENCH_RATE       records per second in total (default 50,000; 0: flat out)
 //	KDEDUP_BENCH_CACHE_MIB  page cache in MiB (default 4)
 //	KDEDUP_BENCH_PREFETCH   0 decides without Prefetch (default 1)
+//	KDEDUP_BENCH_CPUPROFILE a file for the CPU profile of the timed records
 //
 // b.N is the number of timed records. Keys are new (16 hexadecimal
 // characters of a 64-bit mix of a counter), so every record reads one page
@@ -88,6 +89,8 @@ func BenchmarkPrefetchRate(b *testing.B) {
 			slice = 10_000
 		}
 		reads0 := benchenv.Gathered(b, reg, "kdedup_store_page_reads_total")
+		stop := profileCPU(b)
+		defer stop()
 		cpu0, wall0 := benchenv.CPU(b), time.Now()
 		for sent := uint64(0); sent < uint64(b.N); {
 			if rate > 0 {
