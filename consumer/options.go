@@ -100,7 +100,8 @@ type Options struct {
 	// crash can forward twice at least once, and what recovery replays.
 	FlushInterval time.Duration
 	// FlushBytes cuts a write batch early when a partition's dirty pages
-	// reach it (default 8 MiB). It must fit in one Badger transaction.
+	// reach it (default: the store's, dedup.Opener.FlushBytes, what one
+	// Badger transaction holds). A larger one is refused by New.
 	FlushBytes int64
 	// FetchMaxBytes bounds one fetch response of the group client (kgo
 	// FetchMaxBytes, Kafka's fetch.max.bytes; default franz-go's 50 MiB):
@@ -168,6 +169,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.FlushBytes == 0 {
 		o.FlushBytes = store.DefaultFlushBytes
+		if o.Dedup != nil {
+			o.FlushBytes = o.Dedup.FlushBytes()
+		}
 	}
 	if o.MaxDirtyPageBytes == 0 {
 		o.MaxDirtyPageBytes = 8 * o.FlushBytes
@@ -215,6 +219,9 @@ func (o Options) validate() error {
 	switch {
 	case o.Dedup == nil:
 		errs = append(errs, errors.New("consumer: Dedup is required"))
+	case o.FlushBytes > o.Dedup.FlushBytes():
+		// The write batches would not fit in one Badger transaction.
+		errs = append(errs, fmt.Errorf("consumer: FlushBytes %d is more than the store's %d (store.Options.FlushBytes)", o.FlushBytes, o.Dedup.FlushBytes()))
 	case o.Dedup.Options().Staged != (o.Delivery == ExactlyOnce):
 		// Exactly once, changes applied before their transaction commits
 		// would outlive an abort; at least once, staged changes would

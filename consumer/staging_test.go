@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/kdedup/kdedup/dedup"
@@ -39,5 +40,41 @@ func TestNewRefusesStagingThatDoesNotMatchDelivery(t *testing.T) {
 	}
 	if _, err := New(Options{Brokers: []string{"127.0.0.1:9092"}, InputTopics: []string{"in"}, OutputTopic: "out"}); err == nil {
 		t.Fatal("New without a deduplicator: no error")
+	}
+}
+
+// TestFlushBytesAskedOfTheStore: the store owns the size of a write batch
+// (one Badger transaction): a worker without FlushBytes takes the store's,
+// and one whose FlushBytes the store cannot hold in a transaction is
+// refused by New rather than by the first write batch that passes it.
+func TestFlushBytesAskedOfTheStore(t *testing.T) {
+	const storeFlush = 2 << 20
+	db, err := store.Open(store.Options{InMemory: true, FlushBytes: storeFlush, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	opener, err := dedup.NewOpener(db, dedup.Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Options{Brokers: []string{"127.0.0.1:9092"}, InputTopics: []string{"in"}, OutputTopic: "out", Dedup: opener}
+	w, err := New(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.opts.FlushBytes != storeFlush {
+		t.Errorf("FlushBytes %d, want the store's %d", w.opts.FlushBytes, storeFlush)
+	}
+	for _, fb := range []int64{storeFlush / 2, storeFlush, storeFlush + 1, 8 << 20} {
+		o := base
+		o.FlushBytes = fb
+		_, err := New(o)
+		if want := fb > storeFlush; (err != nil) != want {
+			t.Errorf("FlushBytes %d over a store of %d: New error %v, want one: %t", fb, storeFlush, err, want)
+		}
+		if err != nil && !strings.Contains(err.Error(), fmt.Sprint(storeFlush)) {
+			t.Errorf("error %q does not name the store's %d", err, storeFlush)
+		}
 	}
 }

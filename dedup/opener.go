@@ -23,10 +23,15 @@ type Opener struct {
 }
 
 // NewOpener returns an Opener of the partitions of db with opts, counted
-// in m (nil: unregistered metrics). It returns ErrOptions (wrapped) for
-// opts out of range and the filter's error for invalid opts.Filter, which
-// Open would return for every partition.
+// in m (nil: unregistered metrics). opts.Filter.PageBytes 0 is db's page
+// size. It returns ErrOptions (wrapped) for opts out of range or a page
+// size other than db's, and the filter's error for invalid opts.Filter,
+// which Open would return for every partition.
 func NewOpener(db *store.DB, opts Options, m *Metrics) (*Opener, error) {
+	opts, err := opts.over(db)
+	if err != nil {
+		return nil, err
+	}
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
@@ -52,6 +57,11 @@ func (o Options) StateParams() filter.Params {
 	p.KeySpec = o.Key.String()
 	return p
 }
+
+// FlushBytes is the largest write batch the store holds in one Badger
+// transaction (store.DB.FlushBytes): a worker cuts its write batches at
+// it or below.
+func (o *Opener) FlushBytes() int64 { return o.db.FlushBytes() }
 
 // DirtyPageBytes is the memory the dirty pages of every partition of o's
 // store hold (store.DB.DirtyPageBytes). Safe for concurrent use.

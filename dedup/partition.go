@@ -119,6 +119,20 @@ var ErrOptions = errors.New("dedup: invalid options")
 
 func (o Options) maxOccurrences() int { return max(1, o.MaxOccurrences) }
 
+// over returns o for the pages of db: the store owns the page size, so
+// Filter.PageBytes 0 takes db's, and another one is ErrOptions naming
+// both (the chain would ask for pages the store does not have).
+func (o Options) over(db *store.DB) (Options, error) {
+	switch pb := db.PageBytes(); o.Filter.PageBytes {
+	case 0:
+		o.Filter.PageBytes = pb
+	case pb:
+	default:
+		return o, fmt.Errorf("%w: the filter's PageBytes %d differs from the store's %d", ErrOptions, o.Filter.PageBytes, pb)
+	}
+	return o, nil
+}
+
 func (o Options) validate() error {
 	b := o.Filter.WithDefaults().BucketSize
 	if o.MaxOccurrences < 0 || o.MaxOccurrences > 2*b {
@@ -198,6 +212,10 @@ func (o Options) paramsError(perr *filter.ParamsError) error {
 // m may be shared by every Deduplicator of the process; nil means unregistered
 // metrics.
 func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics) (*Deduplicator, error) {
+	opts, err := opts.over(db)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s/%d: %w", topic, partition, err)
+	}
 	if err := opts.validate(); err != nil {
 		return nil, fmt.Errorf("opening %s/%d: %w", topic, partition, err)
 	}

@@ -425,7 +425,18 @@ func TestOpenRefusesOtherParams(t *testing.T) {
 				names = testParamNames
 			}
 			storedOpts := Options{Filter: tc.stored, ParamNames: names}
-			db := openDB(t, "", store.Options{})
+			// The store owns the page size: each Open runs over a store
+			// opened with the page size of its filter parameters.
+			dir := t.TempDir()
+			reopen := func(db *store.DB, pageBytes int) *store.DB {
+				t.Helper()
+				if err := db.Close(); err != nil {
+					t.Fatal(err)
+				}
+				return openDB(t, dir, store.Options{PageBytes: pageBytes})
+			}
+			storedPages, configuredPages := tc.stored.WithDefaults().PageBytes, tc.configured.WithDefaults().PageBytes
+			db := openDB(t, dir, store.Options{PageBytes: storedPages})
 			m := NewMetrics(prometheus.NewRegistry())
 			p := openPartition(t, db, topic, partition, storedOpts, m)
 			d := &decider{t: t, p: p}
@@ -435,6 +446,7 @@ func TestOpenRefusesOtherParams(t *testing.T) {
 			}
 			p.Close()
 
+			db = reopen(db, configuredPages)
 			p, err := Open(db, topic, partition, Options{Filter: tc.configured, Key: mustKey(t, tc.key), ParamNames: names}, m)
 			if tc.want == "" {
 				if err != nil {
@@ -461,6 +473,7 @@ func TestOpenRefusesOtherParams(t *testing.T) {
 			}
 			// The refused Open released the state: it opens again with the
 			// stored parameters, unchanged.
+			db = reopen(db, storedPages)
 			p = openPartition(t, db, topic, partition, storedOpts, m)
 			defer p.Close()
 			d = &decider{t: t, p: p, off: 2}
@@ -877,5 +890,37 @@ func TestFullChainForwardsAndCounts(t *testing.T) {
 				t.Errorf("kdedup_filter_full_records_total = %g, want %d", got, wantFull)
 			}
 		})
+	}
+}
+
+// TestPageBytesOfTheStore: the store owns the page size. A filter without
+// PageBytes takes the store's and decides (before, it asked for pages of
+// the default 4 KiB from a store of 1 KiB pages and failed at its first
+// record); another page size is refused by Open and NewOpener, naming both,
+// before any record.
+func TestPageBytesOfTheStore(t *testing.T) {
+	db := openDB(t, "", store.Options{PageBytes: 1024})
+	p := openPartition(t, db, "orders", 0, Options{}, nil)
+	if got := p.chain.Params().PageBytes; got != 1024 {
+		t.Errorf("filter PageBytes %d, want the store's 1024", got)
+	}
+	d := &decider{t: t, p: p}
+	d.expect(Forward, put, keyRange("k", 0, 100)...)
+	d.expect(Duplicate, put, keyRange("k", 0, 100)...)
+	p.Close()
+
+	wrong := Options{Filter: filter.Params{PageBytes: 4096}}
+	if _, err := Open(db, "orders", 1, wrong, nil); !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), "4096") || !strings.Contains(err.Error(), "1024") {
+		t.Errorf("Open with 4096-byte pages over a 1024-byte store: %v; want ErrOptions naming both", err)
+	}
+	if _, err := NewOpener(db, wrong, nil); !errors.Is(err, ErrOptions) {
+		t.Errorf("NewOpener with 4096-byte pages over a 1024-byte store: %v; want ErrOptions", err)
+	}
+	o, err := NewOpener(db, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.Options().Filter.PageBytes; got != 1024 {
+		t.Errorf("the opener's filter PageBytes %d, want the store's 1024", got)
 	}
 }

@@ -300,6 +300,15 @@ type DB struct {
 	gcDone sync.WaitGroup
 }
 
+// PageBytes is the page size the DB was opened with (Options.PageBytes
+// after defaults): the filters over its pages must use it.
+func (db *DB) PageBytes() int { return db.opts.PageBytes }
+
+// FlushBytes is the largest write batch one Badger transaction of the DB
+// holds (Options.FlushBytes after defaults): callers cut their write
+// batches at it or below.
+func (db *DB) FlushBytes() int64 { return db.opts.FlushBytes }
+
 // cachePages is the number of pages the page cache holds:
 // CacheBytes/PageBytes, at least one.
 func (db *DB) cachePages() int {

@@ -180,7 +180,6 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		RebuildEmpty:        cfg.Rebuild == config.RebuildEmpty,
 		FlushInterval:       cfg.FlushInterval,
 		TransactionInterval: cfg.TransactionInterval,
-		FlushBytes:          int64(cfg.FlushBytes),
 		MaxDirtyPageBytes:   maxDirty,
 		FetchMaxBytes:       int32(mem.Fetch),
 		Dedup:               opener,
