@@ -566,14 +566,8 @@ func (c *Chain) placeOrGrow(h uint64, gen int64) error {
 		if err != nil {
 			return err
 		}
-		f := pos.sub.FingerprintBits
-		for _, b := range [2]int{pos.b1, pos.b2} {
-			if off := c.find(pg, b, f, 0); off >= 0 {
-				set(pg, off, f, pos.fp)
-				c.markSlot(pos.id, pg, off, f)
-				c.subs[s].Items++
-				return nil
-			}
+		if c.placeEmpty(s, pos, pg) {
+			return nil
 		}
 	}
 	for s := hi - 2; s >= max(lo, hi-1-maxFallbackWalks); s-- {

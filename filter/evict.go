@@ -23,8 +23,9 @@ func (c *Chain) place(h uint64, s int) (bool, error) {
 	return c.placeIn(h, s, pos, pg), nil
 }
 
-// placeIn is place on the page pg of pos, already read.
-func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
+// placeEmpty stores pos.fp in an empty slot of either bucket of pos
+// (sub-filter s, page pg), if one has one, and reports whether it did.
+func (c *Chain) placeEmpty(s int, pos position, pg []byte) bool {
 	f := pos.sub.FingerprintBits
 	for _, b := range [2]int{pos.b1, pos.b2} {
 		if off := c.find(pg, b, f, 0); off >= 0 {
@@ -34,6 +35,15 @@ func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
 			return true
 		}
 	}
+	return false
+}
+
+// placeIn is place on the page pg of pos, already read.
+func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
+	if c.placeEmpty(s, pos, pg) {
+		return true
+	}
+	f := pos.sub.FingerprintBits
 
 	// Eviction walk (Fan et al. Algorithm 1), victims chosen by a PRNG
 	// seeded from the key's hash so that replays evict identically.
