@@ -219,14 +219,15 @@ func (o Options) validate() error {
 	switch {
 	case o.Dedup == nil:
 		errs = append(errs, errors.New("consumer: Dedup is required"))
-	case o.FlushBytes > o.Dedup.FlushBytes():
-		// The write batches would not fit in one Badger transaction.
-		errs = append(errs, fmt.Errorf("consumer: FlushBytes %d is more than the store's %d (store.Options.FlushBytes)", o.FlushBytes, o.Dedup.FlushBytes()))
 	case o.Dedup.Options().Staged != (o.Delivery == ExactlyOnce):
 		// Exactly once, changes applied before their transaction commits
 		// would outlive an abort; at least once, staged changes would
 		// never reach the write batches.
 		errs = append(errs, fmt.Errorf("%w: exactly once %t, staged %t", ErrStaging, o.Delivery == ExactlyOnce, o.Dedup.Options().Staged))
+	}
+	if o.Dedup != nil && o.FlushBytes > o.Dedup.FlushBytes() {
+		// The write batches would not fit in one Badger transaction.
+		errs = append(errs, fmt.Errorf("consumer: FlushBytes %d is more than the store's %d (store.Options.FlushBytes)", o.FlushBytes, o.Dedup.FlushBytes()))
 	}
 	return errors.Join(errs...)
 }

@@ -78,3 +78,22 @@ func TestFlushBytesAskedOfTheStore(t *testing.T) {
 		}
 	}
 }
+
+// TestNewReportsEveryProblem: a FlushBytes the store cannot hold and a
+// staging that does not match delivery are both reported.
+func TestNewReportsEveryProblem(t *testing.T) {
+	db, err := store.Open(store.Options{InMemory: true, FlushBytes: 2 << 20, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	opener, err := dedup.NewOpener(db, dedup.Options{Staged: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(Options{Brokers: []string{"127.0.0.1:9092"}, InputTopics: []string{"in"}, OutputTopic: "out",
+		Dedup: opener, FlushBytes: 4 << 20})
+	if !errors.Is(err, ErrStaging) || err == nil || !strings.Contains(err.Error(), "FlushBytes") {
+		t.Fatalf("New: %v; want ErrStaging and the FlushBytes problem", err)
+	}
+}

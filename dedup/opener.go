@@ -78,7 +78,9 @@ func (p *Deduplicator) Forwards(d Decision) bool { return p.opts.Forwards(d) }
 // record can add, in bytes: MaxDirtyPagesPerRecord pages of
 // Filter.PageBytes (after defaults), as Deduplicator.DirtyBytes counts them.
 // Static, so that a batch of records can be sized before any partition is
-// open.
+// open: ask it of an Opener's Options (Opener.Options), whose PageBytes is
+// the store's; Options not yet given to NewOpener may hold 0, read as the
+// default 4 KiB, not the store's page size.
 func (o Options) MaxDirtyBytesPerRecord() int64 {
 	return int64(o.MaxDirtyPagesPerRecord()) * int64(o.Filter.WithDefaults().PageBytes)
 }

@@ -68,6 +68,8 @@ type Options struct {
 	// forwarded, and deletes nothing; use DeleteHeader to delete there.
 	DropTombstones bool
 	// Filter are the parameters of each partition's chained cuckoo filter.
+	// Its PageBytes is the store's: 0 takes the store's page size, and
+	// another one is refused (ErrOptions) by Open and NewOpener.
 	Filter filter.Params
 	// Staged keeps every filter change in an overlay until CommitStaged
 	// (or drops it on DiscardStaged), for exactly-once delivery, where a

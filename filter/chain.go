@@ -97,7 +97,8 @@ type Stats struct {
 	Slots       uint64
 	// LoadFactor is Items/Slots over the whole chain.
 	LoadFactor float64
-	// NewestLoadFactor is the load factor of the sub-filter inserts go to.
+	// NewestLoadFactor is the load factor of the newest sub-filter, the
+	// one inserts go to first.
 	NewestLoadFactor float64
 	// EstimatedFPR is the sum over sub-filters of 2*b*load/2^f: the
 	// probability that a key never inserted is reported present.
@@ -464,7 +465,8 @@ func (c *Chain) lookup(h uint64, s int) (bool, error) {
 
 // Add inserts a copy of key's fingerprint whether or not it is present
 // (CF.ADD), for counting occurrences. A bucket pair holds at most 2b copies
-// of one fingerprint; more copies of one key go to new sub-filters.
+// of one fingerprint; more copies of one key go to older sub-filters with
+// room, else to a new one (placeOrGrow).
 // Returns ErrFull when the chain cannot grow. With a window it adds at the
 // watermark; use AddAt.
 func (c *Chain) Add(key []byte) error {
@@ -549,7 +551,8 @@ const maxFallbackWalks = 4
 // reaches over the whole table (Fan et al. section 5.1); a chain that grew
 // on that first failure left every sub-filter at that load and grew one
 // step early. Filling the older sub-filters first lets the chain grow only
-// once a key's page is full in every sub-filter of its generation, and
+// once a key's buckets are full in every sub-filter of its generation and
+// no walk in the newest five of them finds room, and
 // reuses the slots deletes free in older sub-filters. Every sub-filter's
 // fingerprint width is sized for a load of 1 (Params.SubFilterBits), so
 // the false-positive bound holds at any load.

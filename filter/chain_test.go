@@ -257,8 +257,9 @@ func TestFullChainInsertBounded(t *testing.T) {
 		if _, err := c.Insert(key("more", j)); err != nil && !errors.Is(err, ErrFull) {
 			t.Fatal(err)
 		}
-		// lookups of every sub-filter but the newest, the newest's probe and
-		// walk, the empty-slot probes of the older ones, and eviction
+		// lookups of every sub-filter but the newest, the newest's page
+		// (read once for its probe and walk) and one page to spare, the
+		// empty-slot probes of the older ones, and eviction
 		// walks in at most 4 older sub-filters, as placeOrGrow documents.
 		if most := (MaxSubFilters - 1) + 2 + (MaxSubFilters - 1) + 4; reads > most {
 			t.Fatalf("insert %d into a full chain opened %d pages, want at most %d", j, reads, most)

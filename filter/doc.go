@@ -69,9 +69,9 @@
 // sub-filter with Expansion times the pages of the newest one and insert
 // there, as RedisBloom's scalable cuckoo filter does on the first failure.
 // With page-local buckets the first failure comes when the fullest page of
-// the newest sub-filter overflows, at a load of 0.88-0.90 over thousands
-// of pages: filling the older ones first lets every sub-filter reach
-// 0.93-0.95 before the chain grows, and reuses slots that deletes freed
+// the newest sub-filter overflows, at a load of 0.87-0.91 over thousands
+// of pages: filling the older ones first lets the chain reach a load of
+// 0.93-0.94 before it grows, and reuses slots that deletes freed
 // in older sub-filters (TestChainGrowsOnlyWhenFull). Lookups check newest
 // first. The false-positive rate of one
 // sub-filter is about 2*b*load/2^f (paper section 5.1); the chain's is the sum

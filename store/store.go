@@ -58,8 +58,9 @@ var (
 
 // Defaults and limits of Options.
 const (
-	// DefaultPageBytes is the filter's page size; the filter owns page
-	// geometry.
+	// DefaultPageBytes is the page size (the filter's default); the store
+	// owns it: a filter over the store's pages takes the store's
+	// (dedup.Open), and the layout of a page is the filter's.
 	DefaultPageBytes  = filter.DefaultPageBytes
 	DefaultCacheBytes = 256 << 20
 	DefaultFlushBytes = 8 << 20
