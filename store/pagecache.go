@@ -196,19 +196,6 @@ func (pc *pageCache) remove(slot *atomic.Pointer[cachedPage]) {
 	}
 }
 
-// resident returns the number of pages cached.
-func (pc *pageCache) resident() int {
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	n := 0
-	for _, e := range pc.ring[:pc.used] {
-		if e.page != nil && e.slot.Load() == e.page {
-			n++
-		}
-	}
-	return n
-}
-
 // purge empties the cache.
 func (pc *pageCache) purge() {
 	pc.mu.Lock()

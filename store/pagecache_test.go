@@ -252,3 +252,17 @@ func TestDroppedSubFilterTableFreed(t *testing.T) {
 		t.Errorf("dropped sub-filter's chunk still reachable; cap(subs)=%d, subs[:1][0].id=%d", cap(tb.subs), tb.subs[:1][0].id)
 	}
 }
+
+// resident returns the number of pages cached: ring entries whose slot
+// still holds their page.
+func (pc *pageCache) resident() int {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	n := 0
+	for _, e := range pc.ring[:pc.used] {
+		if e.page != nil && e.slot.Load() == e.page {
+			n++
+		}
+	}
+	return n
+}
