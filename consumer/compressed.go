@@ -108,11 +108,12 @@ func (w *Worker) producerBatchMaxBytes(topic string) int32 {
 }
 
 // setCompressor learns how the client of a new connect compresses: a
-// large record is checked with its compressor, and exactly once it raises
-// its batch bound (producerBatchMaxBytes) when it compresses.
-func (w *Worker) setCompressor(cl *kgo.Client) {
+// large record is checked with its compressor, and with raise (exactly
+// once) the client's batch bound is raised (producerBatchMaxBytes) when it
+// compresses.
+func (w *Worker) setCompressor(cl *kgo.Client, raise bool) {
 	w.compressor, _ = cl.OptValue(kgo.WithCompressor).(kgo.Compressor)
-	w.batchesRaised.Store(w.opts.Delivery == ExactlyOnce && w.compressor != nil)
+	w.batchesRaised.Store(raise && w.compressor != nil)
 }
 
 // boundBatches wraps the produce of one transaction (exactly once) when the

@@ -79,11 +79,6 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 			m.deadLetters.WithLabelValues(r)
 		}
 	}
-	if w.opts.Delivery == ExactlyOnce {
-		// Both outcomes from the start, so that an increase from 0 shows.
-		m.txns.WithLabelValues("committed")
-		m.txns.WithLabelValues("aborted")
-	}
 	return m
 }
 

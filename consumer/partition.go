@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/store"
@@ -106,27 +105,6 @@ func (pw *partitionWorker) setCheckpoint(cp store.Checkpoint) {
 	pw.nextOffset.Store(cp.Offset)
 }
 
-// commitTxn ends, for this partition, a transaction that Kafka committed
-// (exactly once): what it decided becomes its stable state, the point an
-// abort returns to and the checkpoint of its next write batch, and the
-// deduplicator's staged changes join that batch. An error is the
-// deduplicator's, and the caller fails the partition.
-func (pw *partitionWorker) commitTxn() error {
-	pw.stableNext, pw.stableDecided = pw.next, pw.decided
-	return pw.dedup.CommitStaged()
-}
-
-// abortTxn ends, for this partition, a transaction that was aborted or
-// could not end (exactly once): the partition returns to its last committed
-// transaction, as franz-go rewinds the input there, so that the same records
-// are decided again, and the deduplicator drops its staged changes, which no
-// write batch may ever hold. An error is the deduplicator's.
-func (pw *partitionWorker) abortTxn() error {
-	pw.next, pw.decided = pw.stableNext, pw.stableDecided
-	pw.nextOffset.Store(pw.next.Offset)
-	return pw.dedup.DiscardStaged()
-}
-
 // groupBehind records that the group's committed offset, group, is behind
 // the partition's checkpoint (at least once: a crash between the Badger and
 // the group commit), so that its first write batch marks the checkpoint for
@@ -156,7 +134,7 @@ func (pw *partitionWorker) startAt(cp store.Checkpoint) {
 	pw.next, pw.stableNext = cp, cp
 	pw.flushed = store.Checkpoint{Offset: -1, LeaderEpoch: -1}
 	pw.nextOffset.Store(cp.Offset)
-	pw.commitStart = pw.w.opts.Delivery == AtLeastOnce
+	pw.commitStart = true
 }
 
 // replayState is a partition's replay: [from, until) state-only; start is
@@ -168,89 +146,12 @@ type replayState struct {
 
 func (pw *partitionWorker) stop(abort bool) {
 	pw.stopReplay(abort)
-	if pw.w.opts.Delivery == ExactlyOnce { // driven by the transaction loop, which is not running now
-		if !abort {
-			pw.flush()
-		}
-		pw.close()
-		return
-	}
-	if abort {
-		close(pw.abort)
-	} else {
-		close(pw.quit)
-	}
-}
-
-// settle ends a lost partition at least once: it waits for the acks of the
-// records it forwarded and commits the filter state up to the last decided
-// record to Badger, without marking the offset for the group, whose session
-// is gone. The checkpoint then says what was forwarded: a later owner with
-// this data directory resumes after it, one without resumes from the group
-// offset (forwarding again at most the records since the last group
-// commit). If a produce failed nothing is committed, and the next owner
-// decides those records again.
-func (pw *partitionWorker) settle() {
-	pw.inflight.Wait()
-	if err := pw.prodErr.Load(); err != nil {
-		pw.w.log.Warn("a lost partition's records were not all acknowledged; its next owner decides them again", "topic", pw.topic, "partition", pw.partition, "err", *err)
-		return
-	}
-	if pw.failed.Load() || pw.next == pw.flushed {
-		return
-	}
-	if err := pw.dedup.Commit(pw.next); err != nil {
-		pw.fail(err)
-		return
-	}
-	pw.flushed = pw.next
-	pw.w.m.batches.Inc()
+	pw.w.mode.stop(pw, abort)
 }
 
 func (pw *partitionWorker) close() {
 	pw.dedup.Close()
 	close(pw.done)
-}
-
-func (pw *partitionWorker) run() {
-	defer pw.close()
-	tick := time.NewTicker(pw.w.opts.FlushInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case recs := <-pw.in:
-			select {
-			case <-pw.abort: // lost: decide nothing more, even with records queued
-				pw.settle()
-				return
-			default:
-			}
-			pw.process(recs, pw.produce) // dropped once failed: the next owner reads them again from the checkpoint
-		case <-tick.C:
-			pw.flush()
-			pw.consolidateIdle()
-		case <-pw.abort:
-			pw.settle()
-			return
-		case <-pw.quit:
-			pw.drain()
-			pw.flush()
-			return
-		}
-	}
-}
-
-// drain processes what is queued. Dispatch never runs during a revocation
-// or after polling stopped, so the queue is all this partition will get.
-func (pw *partitionWorker) drain() {
-	for {
-		select {
-		case recs := <-pw.in:
-			pw.process(recs, pw.produce)
-		default:
-			return
-		}
-	}
 }
 
 // process decides recs in order, handing produce the output record of each
@@ -297,7 +198,7 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 		}
 		pw.next = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
 		pw.decided++
-		if pw.w.opts.Delivery == AtLeastOnce && pw.batchDue() {
+		if pw.w.mode.cutsPerRecord() && pw.batchDue() {
 			pw.flush()
 			if pw.failed.Load() {
 				return
@@ -361,21 +262,6 @@ func (pw *partitionWorker) dropped(r *kgo.Record, reason string) *kgo.Record {
 	return &kgo.Record{Topic: pw.w.opts.DuplicatesTopic, Key: r.Key, Value: r.Value, Headers: h, Timestamp: r.Timestamp}
 }
 
-// produce produces out, decided from input record in, at least once.
-func (pw *partitionWorker) produce(in, out *kgo.Record) {
-	pw.inflight.Add(1)
-	// Not the worker's context: records already decided must be delivered
-	// (or fail) before the write batch that covers them, even at shutdown.
-	pw.cl.Produce(context.Background(), out, func(_ *kgo.Record, err error) {
-		pw.w.countDeadLetter(out, err)
-		if err != nil {
-			pw.w.m.produceErrors.Inc()
-			pw.produceFailed(in, out, err)
-		}
-		pw.inflight.Done()
-	})
-}
-
 // flush cuts a write batch: (at least once) wait for every produced
 // record's ack, commit pages, metadata and checkpoint in one Badger
 // transaction, then (at least once) mark the offset for the group commit.
@@ -391,10 +277,7 @@ func (pw *partitionWorker) flush() {
 		return
 	}
 	pw.lastFlush = time.Now()
-	cp, decided := pw.next, pw.decided
-	if pw.w.opts.Delivery == ExactlyOnce {
-		cp, decided = pw.stableNext, pw.stableDecided // never a checkpoint past the last committed transaction
-	}
+	cp, decided := pw.w.mode.batchEnd(pw)
 	if pw.failed.Load() || cp == pw.flushed {
 		return
 	}
@@ -417,18 +300,7 @@ func (pw *partitionWorker) flush() {
 	pw.w.m.batchRecords.Observe(float64(decided - pw.flushedDecided))
 	pw.w.m.batchBytes.Observe(float64(dirty))
 	pw.flushedDecided = decided
-	if pw.w.opts.Delivery == AtLeastOnce {
-		offsets := map[string]map[int32]kgo.EpochOffset{pw.topic: {pw.partition: {Epoch: cp.LeaderEpoch, Offset: cp.Offset}}}
-		if pw.commitStart {
-			pw.commitStart = false
-			pw.cl.CommitOffsets(context.Background(), offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, _ *kmsg.OffsetCommitResponse, err error) {
-				if err != nil {
-					pw.w.log.Warn("committing where the partition starts; the next owner starts at the group's previous offset", "topic", pw.topic, "partition", pw.partition, "offset", cp.Offset, "err", err)
-				}
-			})
-		}
-		pw.cl.MarkCommitOffsets(offsets)
-	}
+	pw.w.mode.committed(pw, cp)
 }
 
 // consolidateIdleIntervals is how many flush intervals a partition decides
@@ -471,4 +343,26 @@ func (pw *partitionWorker) consolidateIdle() (stepped bool) {
 func (pw *partitionWorker) fail(err error) {
 	pw.failed.Store(true)
 	pw.w.fail(err)
+}
+
+// send hands produce out, decided from input record in, unless out cannot
+// fit its topic: then in is a dead letter. It reports false when the
+// partition failed (no dead-letter topic), and must then stop deciding.
+func (pw *partitionWorker) send(in, out *kgo.Record, produce func(in, out *kgo.Record)) bool {
+	if handled, sent := pw.w.mode.refused(pw, in, out, produce); handled {
+		return sent
+	}
+	size, limit := recordBatchBytes(out), pw.w.maxRecordBytes(out.Topic)
+	if size <= limit {
+		produce(in, out)
+		return true
+	}
+	fits, detail := pw.w.fitsCompressed(out, size, limit)
+	switch {
+	case !fits:
+		return pw.deadLetter(in, out.Topic, ReasonTooLarge, detail, nil, produce)
+	default:
+		pw.w.mode.produceCompressed(pw, in, out, produce)
+	}
+	return true
 }

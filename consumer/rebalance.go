@@ -34,9 +34,7 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 			w.mu.Lock()
 			w.parts[store.TopicPartition{Topic: topic, Partition: p}] = pw
 			w.mu.Unlock()
-			if w.opts.Delivery == AtLeastOnce {
-				go pw.run()
-			}
+			w.mode.opened(pw)
 			w.m.assigned.Inc()
 			w.log.Info("partition assigned", "topic", topic, "partition", p)
 		}
@@ -139,7 +137,7 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 		if cp.Offset < logStart {
 			return w.skipToLogStart(pw, cp.Offset, logStart), nil
 		}
-		if group >= 0 && cp.Offset > group && w.opts.Delivery == AtLeastOnce {
+		if group >= 0 && cp.Offset > group && w.mode.offsetsApart() {
 			// Fetch from the group's offset, which franz-go takes as
 			// committed, and skip what the checkpoint covers (process):
 			// the first write batch then commits the checkpoint to the
@@ -323,18 +321,11 @@ func (w *Worker) windowStart(ctx context.Context, adm *kadm.Client, topic string
 	return from, nil
 }
 
-// revoked finishes and commits the revoked partitions' write batches, then
-// commits their group offsets before the partitions move.
+// revoked finishes and commits the revoked partitions' write batches
+// (mode.release), and at least once commits their group offsets before the
+// partitions move.
 func (w *Worker) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
-	if w.opts.Delivery == ExactlyOnce {
-		w.revokedSinceEnd.Store(true)
-	}
-	if n := w.stopPartitions(revoked, false); n == 0 || w.opts.Delivery == ExactlyOnce {
-		return
-	}
-	if err := cl.CommitMarkedOffsets(ctx); err != nil {
-		w.log.Warn("committing group offsets on revocation; the next owner may repeat up to one flush interval", "err", err)
-	}
+	w.mode.release(ctx, cl, revoked, false)
 }
 
 // lost stops the partitions of a group session that ended without a
@@ -345,11 +336,8 @@ func (w *Worker) revoked(ctx context.Context, cl *kgo.Client, revoked map[string
 // that this worker regaining it after an outage resumes there instead of
 // forwarding those records again; exactly once the uncommitted transaction
 // state is dropped and the gap replayed.
-func (w *Worker) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	if w.opts.Delivery == ExactlyOnce {
-		w.revokedSinceEnd.Store(true)
-	}
-	n := w.stopPartitions(lost, true)
+func (w *Worker) lost(ctx context.Context, cl *kgo.Client, lost map[string][]int32) {
+	n := w.mode.release(ctx, cl, lost, true)
 	w.m.partitionsLost.Add(float64(n))
 }
 

@@ -2,7 +2,7 @@ package consumer
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -23,6 +23,7 @@ import (
 type Worker struct {
 	// Set by New, read-only after.
 	opts Options
+	mode mode // what the delivery mode does differently (delivery.go)
 	log  *slog.Logger
 	m    metrics
 	live *liveness // its own lock
@@ -109,6 +110,7 @@ func New(opts Options) (*Worker, error) {
 	w.rejections.isolated = map[recordTarget]bool{}
 	w.txnBatchBytes = map[string]int{}
 	w.m = newMetrics(opts.Registerer, w)
+	w.mode = newMode(w, opts.Delivery)
 	return w, nil
 }
 
@@ -149,9 +151,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		if err := w.connect(); err != nil {
 			return err
 		}
-		if w.sess == nil {
-			w.pollLoop(pollCtx)
-		} else if err := w.transactLoop(pollCtx); err != nil && pollCtx.Err() == nil {
+		if err := w.mode.loop(pollCtx); err != nil && pollCtx.Err() == nil {
 			// The transactional producer is unusable (fenced, or an
 			// unconfirmed end): commit what the committed transactions
 			// changed, leave, and start a new session, as a restarted
@@ -188,22 +188,7 @@ func (w *Worker) connect() error {
 		kgo.WithLogger(kslog.New(w.log)),
 		kgo.ClientID(clientID(w.opts.Dedup.Options().StateParams().String())),
 	)
-	if w.opts.Delivery == ExactlyOnce {
-		sess, err := kgo.NewGroupTransactSession(w.clientOpts(opts)...)
-		if err != nil {
-			return fmt.Errorf("creating kafka transactional client: %w", err)
-		}
-		w.setCompressor(sess.Client())
-		w.publish(sess, sess.Client())
-		return nil
-	}
-	cl, err := kgo.NewClient(w.clientOpts(opts)...)
-	if err != nil {
-		return fmt.Errorf("creating kafka client: %w", err)
-	}
-	w.setCompressor(cl)
-	w.publish(nil, cl)
-	return nil
+	return w.mode.connect(opts)
 }
 
 func (w *Worker) clientOpts(opts []kgo.Opt) []kgo.Opt {
@@ -263,12 +248,7 @@ func (w *Worker) shutdown() error {
 	ctx, cancel := context.WithTimeout(context.Background(), w.opts.SessionTimeout)
 	defer cancel()
 	w.release()
-	if w.sess == nil {
-		w.live.stamp("committing group offsets")
-		if err := w.cl.CommitMarkedOffsets(ctx); err != nil {
-			w.log.Warn("committing group offsets at shutdown; the next owner resumes from the Badger checkpoint", "err", err)
-		}
-	}
+	w.mode.closing(ctx)
 	w.live.stamp("closing the Kafka client (leaving the group)")
 	w.closeClient()
 	w.closeLarge()
@@ -305,4 +285,48 @@ func (w *Worker) closeClient() {
 		w.log.Warn("the Kafka client did not close in time (a group join in flight, or the brokers unreachable); not waiting for it: the group notices the departure within the session timeout",
 			"waited", closeWait, "session_timeout", w.opts.SessionTimeout)
 	}
+}
+
+// pollRecords bounds one poll at least once; the partition goroutines take
+// batches of it.
+const pollRecords = 10_000
+
+// partitionsSnapshot returns the assigned partitions, read under mu.
+func (w *Worker) partitionsSnapshot() []*partitionWorker {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	parts := make([]*partitionWorker, 0, len(w.parts))
+	for _, pw := range w.parts {
+		parts = append(parts, pw)
+	}
+	return parts
+}
+
+func (w *Worker) logFetchErrors(fetches kgo.Fetches) {
+	fetches.EachError(func(topic string, partition int32, err error) {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			w.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
+		}
+	})
+}
+
+// observeHighWatermark records the partition's high watermark for the
+// lag metric, also from fetches that carry no records.
+func (w *Worker) observeHighWatermark(p kgo.FetchTopicPartition) {
+	if p.HighWatermark < 0 {
+		return
+	}
+	if pw := w.partition(p.Topic, p.Partition); pw != nil {
+		pw.highWatermark.Store(p.HighWatermark)
+	}
+}
+
+// polled does what every poll's fetches need before their records are
+// decided: fetch errors logged, high watermarks noted, batches over
+// MaxDecompressBytes turned into skips (skipRecords, which calls fail when
+// it cannot).
+func (w *Worker) polled(fetches kgo.Fetches) kgo.Fetches {
+	w.logFetchErrors(fetches)
+	fetches.EachPartition(w.observeHighWatermark)
+	return w.skipRecords(fetches)
 }

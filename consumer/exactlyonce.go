@@ -12,6 +12,79 @@ import (
 	"github.com/kdedup/kdedup/store"
 )
 
+// exactlyOnce is the mode of ExactlyOnce delivery: the transaction loop
+// (transactLoop) drives every partition, rebalances run between its
+// transactions, and records the broker refused are remembered across
+// aborted transactions (txnRejections).
+type exactlyOnce struct{ w *Worker }
+
+func newExactlyOnce(w *Worker) exactlyOnce {
+	// Both outcomes from the start, so that an increase from 0 shows.
+	w.m.txns.WithLabelValues("committed")
+	w.m.txns.WithLabelValues("aborted")
+	return exactlyOnce{w}
+}
+
+func (m exactlyOnce) connect(opts []kgo.Opt) error {
+	sess, err := kgo.NewGroupTransactSession(m.w.clientOpts(opts)...)
+	if err != nil {
+		return fmt.Errorf("creating kafka transactional client: %w", err)
+	}
+	m.w.setCompressor(sess.Client(), true)
+	m.w.publish(sess, sess.Client())
+	return nil
+}
+
+func (m exactlyOnce) loop(ctx context.Context) error { return m.w.transactLoop(ctx) }
+
+// opened does nothing: the transaction loop drives the partition.
+func (exactlyOnce) opened(*partitionWorker) {}
+
+// release tells the transaction loop that the session heard of a
+// revocation or a loss (revokedSinceEnd) and stops the partitions.
+func (m exactlyOnce) release(_ context.Context, _ *kgo.Client, tps map[string][]int32, lost bool) int {
+	m.w.revokedSinceEnd.Store(true)
+	return m.w.stopPartitions(tps, lost)
+}
+
+// stop ends the partition here: the transaction loop that drives it is
+// not running during a group callback or at shutdown.
+func (exactlyOnce) stop(pw *partitionWorker, abort bool) {
+	if !abort {
+		pw.flush()
+	}
+	pw.close()
+}
+
+// closing does nothing: each transaction committed its offsets.
+func (exactlyOnce) closing(context.Context) {}
+
+// batchEnd is the end of the last committed transaction: never a
+// checkpoint past it.
+func (exactlyOnce) batchEnd(pw *partitionWorker) (store.Checkpoint, int64) {
+	return pw.stableNext, pw.stableDecided
+}
+
+func (exactlyOnce) committed(*partitionWorker, store.Checkpoint) {}
+
+func (exactlyOnce) cutsPerRecord() bool { return false }
+
+func (exactlyOnce) refused(pw *partitionWorker, in, out *kgo.Record, produce func(in, out *kgo.Record)) (bool, bool) {
+	return pw.sendTxn(in, out, produce)
+}
+
+// produceCompressed produces out in the transaction: boundBatches sends it
+// alone in its batch.
+func (exactlyOnce) produceCompressed(_ *partitionWorker, in, out *kgo.Record, produce func(in, out *kgo.Record)) {
+	produce(in, out)
+}
+
+func (m exactlyOnce) skipped(tp store.TopicPartition) {
+	m.w.skippedInTxn = append(m.w.skippedInTxn, tp)
+}
+
+func (exactlyOnce) offsetsApart() bool { return false }
+
 // transactLoop is the exactly-once loop. Each Kafka transaction decides
 // the records of one or more polls (filter changes staged in an overlay),
 // produces the forwarded ones (and, with DuplicatesTopic, the dropped ones)
@@ -77,16 +150,6 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 	return nil
 }
 
-// polled does what every poll's fetches need before their records are
-// decided: fetch errors logged, high watermarks noted, batches over
-// MaxDecompressBytes turned into skips (skipRecords, which calls fail when
-// it cannot).
-func (w *Worker) polled(fetches kgo.Fetches) kgo.Fetches {
-	w.logFetchErrors(fetches)
-	fetches.EachPartition(w.observeHighWatermark)
-	return w.skipRecords(fetches)
-}
-
 // txnBudget is how many records the next poll of a transaction may add:
 // for each partition the transaction loop drives, the bytes left before
 // its dirty and staged pages reach FlushBytes, over the bytes one record
@@ -135,17 +198,6 @@ func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
 		n = min(n, (ceiling-held)/perStaged)
 	}
 	return int(max(0, n))
-}
-
-// partitionsSnapshot returns the assigned partitions, read under mu.
-func (w *Worker) partitionsSnapshot() []*partitionWorker {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	parts := make([]*partitionWorker, 0, len(w.parts))
-	for _, pw := range w.parts {
-		parts = append(parts, pw)
-	}
-	return parts
 }
 
 // errPartitionFailed marks a transaction aborted because a partition failed
@@ -312,4 +364,183 @@ func (w *Worker) flushDue() {
 			consolidated = pw.consolidateIdle()
 		}
 	}
+}
+
+// commitTxn ends, for this partition, a transaction that Kafka committed
+// (exactly once): what it decided becomes its stable state, the point an
+// abort returns to and the checkpoint of its next write batch, and the
+// deduplicator's staged changes join that batch. An error is the
+// deduplicator's, and the caller fails the partition.
+func (pw *partitionWorker) commitTxn() error {
+	pw.stableNext, pw.stableDecided = pw.next, pw.decided
+	return pw.dedup.CommitStaged()
+}
+
+// abortTxn ends, for this partition, a transaction that was aborted or
+// could not end (exactly once): the partition returns to its last committed
+// transaction, as franz-go rewinds the input there, so that the same records
+// are decided again, and the deduplicator drops its staged changes, which no
+// write batch may ever hold. An error is the deduplicator's.
+func (pw *partitionWorker) abortTxn() error {
+	pw.next, pw.decided = pw.stableNext, pw.stableDecided
+	pw.nextOffset.Store(pw.next.Offset)
+	return pw.dedup.DiscardStaged()
+}
+
+// endTxnSkips runs after a transaction ends. SetOffsets past a skipped
+// batch also moved franz-go's notion of the committed offset, which an
+// aborted transaction rewinds to: rewind such partitions to their last
+// committed transaction instead, so that the batch is met (and its dead
+// letter produced) again.
+func (w *Worker) endTxnSkips(committed bool) {
+	skipped := w.skippedInTxn
+	w.skippedInTxn = nil
+	if committed {
+		return
+	}
+	for _, tp := range skipped {
+		if pw := w.partition(tp.Topic, tp.Partition); pw != nil {
+			w.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{tp.Topic: {tp.Partition: {Epoch: pw.stableNext.LeaderEpoch, Offset: pw.stableNext.Offset}}})
+		}
+	}
+}
+
+// recordTarget is an input record and the topic it is produced to.
+type recordTarget struct {
+	topic     string
+	partition int32
+	offset    int64
+	target    string
+}
+
+func targetOf(in, out *kgo.Record) recordTarget {
+	return recordTarget{in.Topic, in.Partition, in.Offset, out.Topic}
+}
+
+// txnRejections remembers, exactly once, the records the broker refused in
+// an aborted transaction, so that deciding them again does not abort again
+// and again. A batch is refused as a whole, so a refused record is first a
+// suspect: when decided again it is produced alone in its batch. A record
+// refused alone twice (once could be a transient broker fault) is the
+// culprit: decided again, it is a dead letter, or without a dead-letter
+// topic the worker stops. A record is thus in at most three aborted
+// transactions: refused in a batch, then alone twice. It is used by the
+// transaction loop's goroutine, and by produce promises under mu.
+type txnRejections struct {
+	mu        sync.Mutex
+	known     map[recordTarget]rejection
+	isolated  map[recordTarget]bool // produced alone in the current transaction
+	refused   []rejected            // record-tied failures of the current transaction
+	abortsRun int                   // consecutive transactions aborted by other produce errors
+}
+
+type rejection struct {
+	reason, detail string
+	err            error
+	alone          int // times refused while produced alone
+}
+
+// refusalsAlone is how many times a record must be refused alone in its
+// batch to be taken for the culprit.
+const refusalsAlone = 2
+
+// maxProduceAborts bounds consecutive transactions aborted by produce
+// errors not tied to a record (those are bounded per record, above): the
+// abort that reaches it stops the worker instead of aborting in a loop, so
+// that at most this many transactions abort in a row.
+const maxProduceAborts = 3
+
+// sendTxn is send's exactly-once part for a record refused in an earlier
+// transaction. It reports whether it handled out (and sent), false when
+// out is produced as usual.
+func (pw *partitionWorker) sendTxn(in, out *kgo.Record, produce func(in, out *kgo.Record)) (handled, sent bool) {
+	w := pw.w
+	key := targetOf(in, out)
+	t := &w.rejections
+	t.mu.Lock()
+	rj, ok := t.known[key]
+	if ok && rj.alone >= refusalsAlone {
+		delete(t.known, key)
+	}
+	t.mu.Unlock()
+	switch {
+	case !ok:
+		return false, true
+	case rj.alone >= refusalsAlone:
+		return true, pw.deadLetter(in, out.Topic, rj.reason, rj.detail, rj.err, produce)
+	}
+	// A suspect: alone in its batch, so that a refusal names it.
+	ctx := context.Background()
+	_ = w.cl.Flush(ctx)
+	t.mu.Lock()
+	t.isolated[key] = true
+	t.mu.Unlock()
+	produce(in, out)
+	_ = w.cl.Flush(ctx)
+	return true, true
+}
+
+// txnProduceFailed records a failure of the current transaction's produce.
+func (w *Worker) txnProduceFailed(in, out *kgo.Record, err error) {
+	if recordReason(err) == "" || out.Topic == w.opts.DeadLetterTopic {
+		return
+	}
+	w.rejections.mu.Lock()
+	w.rejections.refused = append(w.rejections.refused, rejected{in, out, err})
+	w.rejections.mu.Unlock()
+}
+
+// endTxnRejections learns from the transaction that just ended which
+// records were refused and returns the error that must stop the worker, if
+// any: a culprit without a dead-letter topic, a topic error, or too many
+// aborts in a row caused by other produce errors (prodErr is the first).
+func (w *Worker) endTxnRejections(committed bool, prodErr error) error {
+	t := &w.rejections
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	refused, isolated := t.refused, t.isolated
+	t.refused, t.isolated = nil, map[recordTarget]bool{}
+	if committed || prodErr == nil {
+		// Committed: every record produced alone was accepted. Aborted
+		// for another reason (rebalance, fencing): decide again as
+		// usual, the suspects staying suspects.
+		if committed {
+			for key := range isolated {
+				delete(t.known, key)
+			}
+			t.abortsRun = 0
+		}
+		return nil
+	}
+	var te *TopicError
+	if errors.As(prodErr, &te) {
+		return te
+	}
+	refusedNow := map[recordTarget]bool{}
+	for _, x := range refused {
+		key := targetOf(x.in, x.out)
+		refusedNow[key] = true
+		rj := t.known[key]
+		rj.reason, rj.detail, rj.err = recordReason(x.err), x.err.Error(), x.err
+		if isolated[key] {
+			rj.alone++
+		}
+		t.known[key] = rj
+		if rj.alone >= refusalsAlone && w.opts.DeadLetterTopic == "" {
+			return &RecordError{Topic: x.in.Topic, Partition: x.in.Partition, Offset: x.in.Offset, Target: x.out.Topic, Reason: rj.reason, Detail: rj.detail, Err: x.err}
+		}
+	}
+	for key := range isolated {
+		if !refusedNow[key] {
+			delete(t.known, key) // accepted alone: a neighbour of the culprit
+		}
+	}
+	if len(refused) > 0 {
+		t.abortsRun = 0
+		return nil
+	}
+	if t.abortsRun++; t.abortsRun >= maxProduceAborts {
+		return fmt.Errorf("producing in a transaction failed %d times in a row; stopping instead of aborting again: %w", t.abortsRun, prodErr)
+	}
+	return nil
 }
