@@ -68,10 +68,18 @@ func (m atLeastOnce) closing(ctx context.Context) {
 	}
 }
 
-// batchEnd is the last decided record: flush waits for the acks of
-// everything produced before it commits.
-func (atLeastOnce) batchEnd(pw *partitionWorker) (store.Checkpoint, int64) {
-	return pw.next, pw.decided
+// batchEnd is the last decided record, once every record produced is
+// acknowledged and those the broker refused were retried (retryRejected);
+// a failed produce is the error.
+func (atLeastOnce) batchEnd(pw *partitionWorker) (store.Checkpoint, int64, error) {
+	pw.inflight.Wait()
+	if err := pw.prodErr.Load(); err != nil {
+		return store.Checkpoint{}, 0, *err
+	}
+	if err := pw.retryRejected(); err != nil {
+		return store.Checkpoint{}, 0, err
+	}
+	return pw.next, pw.decided, nil
 }
 
 // committed marks cp for the group commit. The first write batch after
@@ -169,12 +177,9 @@ func (pw *partitionWorker) settle() {
 	if pw.failed.Load() || pw.next == pw.flushed {
 		return
 	}
-	if err := pw.dedup.Commit(pw.next); err != nil {
+	if err := pw.commitBatch(pw.next, pw.decided); err != nil {
 		pw.fail(err)
-		return
 	}
-	pw.flushed = pw.next
-	pw.w.m.batches.Inc()
 }
 
 func (pw *partitionWorker) run() {

@@ -90,9 +90,11 @@ type mode interface {
 	closing(ctx context.Context)
 	// batchEnd is the checkpoint a write batch of pw may commit now and
 	// the count of records decided up to it: never past a record whose
-	// output is not acknowledged (at least once, flush waits for the
-	// acks) or not committed in a transaction (exactly once).
-	batchEnd(pw *partitionWorker) (cp store.Checkpoint, decided int64)
+	// output is not acknowledged (at least once, it waits for the acks)
+	// or not committed in a transaction (exactly once). An error (a
+	// failed produce) fails the partition. It runs where the loop owns
+	// pw (flush).
+	batchEnd(pw *partitionWorker) (cp store.Checkpoint, decided int64, err error)
 	// committed runs after a write batch of pw committed cp (at least
 	// once, the offset is marked for the group commit).
 	committed(pw *partitionWorker, cp store.Checkpoint)

@@ -61,8 +61,8 @@ func (exactlyOnce) closing(context.Context) {}
 
 // batchEnd is the end of the last committed transaction: never a
 // checkpoint past it.
-func (exactlyOnce) batchEnd(pw *partitionWorker) (store.Checkpoint, int64) {
-	return pw.stableNext, pw.stableDecided
+func (exactlyOnce) batchEnd(pw *partitionWorker) (store.Checkpoint, int64, error) {
+	return pw.stableNext, pw.stableDecided, nil
 }
 
 func (exactlyOnce) committed(*partitionWorker, store.Checkpoint) {}
@@ -158,7 +158,8 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 // FlushBytes over that bound (a partition yet to be assigned), and no more
 // than keeps the dirty and staged pages of all partitions under 1.5 x
 // MaxDirtyPageBytes. flushDue cuts a
-// write batch once the dirty pages reach half of FlushBytes, so a
+// write batch once the dirty pages reach half of FlushBytes (batchDue,
+// txnReserve), so a
 // transaction's first poll may add at least FlushBytes/2 of pages, and a
 // write batch never passes FlushBytes, one Badger transaction.
 //
@@ -177,7 +178,7 @@ func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
 	pageBytes := int64(w.opts.Dedup.Options().Filter.WithDefaults().PageBytes)
 	perStaged := per // a partition assigned while the poll waits is not known here
 	for _, pw := range parts {
-		if !pw.planned.Load() || pw.restoring.Load() {
+		if pw.owner() != ownerLoop {
 			continue // its restore goroutine owns the deduplicator; the group client fetches nothing for it
 		}
 		n = min(n, (w.opts.FlushBytes-pw.dedup.DirtyBytes()-pw.dedup.StagedBytes())/per)
@@ -343,17 +344,16 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 	return failed
 }
 
-// flushDue cuts the write batches that are due: after FlushInterval, when
-// the dirty pages reach half of FlushBytes (a transaction adds at most the
-// other half), or when the dirty pages of all partitions reach
-// MaxDirtyPageBytes and the partition holds its share of them.
+// flushDue cuts the write batches that are due between transactions:
+// after FlushInterval, or by batchDue with room for the next transaction
+// (txnReserve: a transaction adds at most what txnBudget leaves).
 func (w *Worker) flushDue() {
 	consolidated := false
 	for _, pw := range w.partitionsSnapshot() {
-		if !pw.planned.Load() || pw.restoring.Load() {
+		if pw.owner() != ownerLoop {
 			continue // its restore goroutine owns (or may be about to own) the deduplicator
 		}
-		if time.Since(pw.lastFlush) >= w.opts.FlushInterval || pw.dedup.DirtyBytes() >= w.opts.FlushBytes/2 || pw.dedup.OverDirtyShare(w.opts.MaxDirtyPageBytes) {
+		if time.Since(pw.lastFlush) >= w.opts.FlushInterval || pw.batchDue(w.txnReserve()) {
 			pw.flush()
 		}
 		// One consolidation step a call, as at least once one a worker at

@@ -54,18 +54,19 @@ type partitionWorker struct {
 	// cancels the replay and waits for restoreDone.
 	replayMu sync.Mutex
 	replay   replayState
-	planned  atomic.Bool // adjustOffsets has decided where it starts
+	// owned says who owns the deduplicator and the decision fields
+	// (next, flushed, ...) now: read it through owner, the one guard.
+	owned atomic.Uint32
 	// start is where adjustOffsets started it (hasStart: it has), owned
 	// by the group client's goroutine that runs adjustOffsets.
 	start         kgo.Offset
 	hasStart      bool
 	awaitingPlan  atomic.Bool // counted in Worker.unplanned (settlePlan)
-	restoring     atomic.Bool
 	restoreAbort  atomic.Bool // stop(abort): the replay commits nothing more
 	cancelRestore context.CancelFunc
 	restoreDone   chan struct{}
 
-	// At least once, set by startAt before planned: the next write batch
+	// At least once, set by startAt before it is planned: the next write batch
 	// commits its checkpoint to the group itself (flush).
 	commitStart bool
 
@@ -144,6 +145,47 @@ type replayState struct {
 	start, logged time.Time
 }
 
+// dedupOwner is who may use a partition's deduplicator and decision
+// fields at a moment (partitionWorker.owner).
+type dedupOwner uint8
+
+const (
+	// ownerPlan: assigned, and adjustOffsets has not planned its start
+	// yet; a replay may be about to begin, and nothing may decide or
+	// commit (the restore goroutine's writes would not be ordered after
+	// them).
+	ownerPlan dedupOwner = iota
+	// ownerRestore: its restore goroutine replays input into the filter
+	// (restore.go); the group client fetches nothing for it.
+	ownerRestore
+	// ownerLoop: the loop decides its records (at least once, the
+	// partition's goroutine; exactly once, the transaction loop) and
+	// cuts its write batches.
+	ownerLoop
+)
+
+// Bits of partitionWorker.owned.
+const (
+	ownedPlanned   = 1 << iota // adjustOffsets has planned the start
+	ownedReplaying             // a replay runs: from startReplay to endReplay
+)
+
+// owner returns who owns the deduplicator now: ownerRestore while a replay
+// runs, else ownerPlan until the start is planned, else ownerLoop. The
+// replay and the plan end in either order (a short replay can end before
+// adjustOffsets returns); only both make the loop the owner. Safe for
+// concurrent use.
+func (pw *partitionWorker) owner() dedupOwner {
+	s := pw.owned.Load()
+	switch {
+	case s&ownedReplaying != 0:
+		return ownerRestore
+	case s&ownedPlanned == 0:
+		return ownerPlan
+	}
+	return ownerLoop
+}
+
 func (pw *partitionWorker) stop(abort bool) {
 	pw.stopReplay(abort)
 	pw.w.mode.stop(pw, abort)
@@ -198,7 +240,7 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 		}
 		pw.next = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
 		pw.decided++
-		if pw.w.mode.cutsPerRecord() && pw.batchDue() {
+		if pw.w.mode.cutsPerRecord() && pw.batchDue(0) {
 			pw.flush()
 			if pw.failed.Load() {
 				return
@@ -206,14 +248,6 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 		}
 	}
 	pw.nextOffset.Store(pw.next.Offset)
-}
-
-// batchDue reports whether the partition's write batch must be cut before
-// its next record at least once: its dirty pages reach FlushBytes (one
-// Badger transaction), or the dirty pages of all partitions reach
-// MaxDirtyPageBytes and this one holds its share of them.
-func (pw *partitionWorker) batchDue() bool {
-	return pw.dedup.DirtyBytes() >= pw.w.opts.FlushBytes || pw.dedup.OverDirtyShare(pw.w.opts.MaxDirtyPageBytes)
 }
 
 // output is the record forwarded for r: key, value, headers and timestamp
@@ -262,46 +296,73 @@ func (pw *partitionWorker) dropped(r *kgo.Record, reason string) *kgo.Record {
 	return &kgo.Record{Topic: pw.w.opts.DuplicatesTopic, Key: r.Key, Value: r.Value, Headers: h, Timestamp: r.Timestamp}
 }
 
-// flush cuts a write batch: (at least once) wait for every produced
-// record's ack, commit pages, metadata and checkpoint in one Badger
-// transaction, then (at least once) mark the offset for the group commit.
-// Exactly once it runs between transactions, when every decided record
-// belongs to a committed one.
-//
-// A partition that is replaying has nothing to flush here: its restore
-// goroutine cuts its own write batches. Nor has one whose start is not
-// planned yet (adjustOffsets): a replay may be about to begin, and until
-// planned is set the restore goroutine's writes are not ordered after ours.
+// flush cuts a write batch up to where the mode allows (mode.batchEnd: at
+// least once, once every produced record is acknowledged; exactly once,
+// the last committed transaction), then lets the mode act on it
+// (mode.committed: at least once, the offset is marked for the group
+// commit). It runs only where the loop owns the deduplicator (ownerLoop):
+// a replaying partition's restore goroutine cuts its own write batches.
 func (pw *partitionWorker) flush() {
-	if !pw.planned.Load() || pw.restoring.Load() {
+	if pw.owner() != ownerLoop {
 		return
 	}
 	pw.lastFlush = time.Now()
-	cp, decided := pw.w.mode.batchEnd(pw)
-	if pw.failed.Load() || cp == pw.flushed {
+	if pw.failed.Load() {
 		return
 	}
-	pw.inflight.Wait()
-	if err := pw.prodErr.Load(); err != nil {
-		pw.fail(*err)
-		return
-	}
-	if err := pw.retryRejected(); err != nil {
+	cp, decided, err := pw.w.mode.batchEnd(pw)
+	if err != nil {
 		pw.fail(err)
 		return
 	}
+	if cp == pw.flushed {
+		return
+	}
+	if err := pw.commitBatch(cp, decided); err != nil {
+		pw.fail(err)
+		return
+	}
+	pw.w.mode.committed(pw, cp)
+}
+
+// commitBatch commits the partition's write batch with checkpoint cp, the
+// offset after the decided-th record: one Badger transaction holding the
+// changed pages, the chain metadata and cp (dedup.Deduplicator.Commit),
+// counted in the batch metrics. Every write batch of a partition goes
+// through it (flush, commitReplay, settle). On error nothing is counted and
+// flushed stays; the caller fails the partition.
+func (pw *partitionWorker) commitBatch(cp store.Checkpoint, decided int64) error {
 	dirty := pw.dedup.DirtyBytes()
 	if err := pw.dedup.Commit(cp); err != nil {
-		pw.fail(err)
-		return
+		return err
 	}
-	pw.flushed = cp
 	pw.w.m.batches.Inc()
 	pw.w.m.batchRecords.Observe(float64(decided - pw.flushedDecided))
 	pw.w.m.batchBytes.Observe(float64(dirty))
-	pw.flushedDecided = decided
-	pw.w.mode.committed(pw, cp)
+	pw.flushed, pw.flushedDecided = cp, decided
+	return nil
 }
+
+// batchDue is the one rule that cuts a write batch before its time
+// (FlushInterval): it reports whether the partition must cut it now,
+// leaving room for reserve bytes of changes before the next check. That is
+// when its dirty and staged pages reach FlushBytes less reserve (a write
+// batch is one Badger transaction of at most FlushBytes), or when the dirty
+// pages of all partitions reach MaxDirtyPageBytes and this one holds its
+// share of them (store.PartitionState.OverDirtyShare). At least once it
+// is asked after every record (reserve 0, cutsPerRecord); exactly once
+// between transactions, with room for the next one (txnReserve), and so
+// does a replay, whose changes are staged exactly once.
+func (pw *partitionWorker) batchDue(reserve int64) bool {
+	o := pw.w.opts
+	return pw.dedup.DirtyBytes()+pw.dedup.StagedBytes() >= o.FlushBytes-reserve || pw.dedup.OverDirtyShare(o.MaxDirtyPageBytes)
+}
+
+// txnReserve is the room a write batch keeps for the changes of one
+// transaction (and of one replayed poll): txnBudget sizes a transaction's
+// polls to what is left of FlushBytes, and a batch cut at half of it
+// leaves every transaction at least half.
+func (w *Worker) txnReserve() int64 { return w.opts.FlushBytes / 2 }
 
 // consolidateIdleIntervals is how many flush intervals a partition decides
 // nothing before consolidateIdle folds its page deltas into whole pages.
@@ -318,7 +379,7 @@ const consolidateIdleIntervals = 10
 // whether it took a step. The store remembers that nothing is left, so the
 // steps of a partition that stays idle cost nothing.
 func (pw *partitionWorker) consolidateIdle() (stepped bool) {
-	if !pw.planned.Load() || pw.restoring.Load() || pw.failed.Load() {
+	if pw.owner() != ownerLoop || pw.failed.Load() {
 		return false
 	}
 	interval := pw.w.opts.FlushInterval

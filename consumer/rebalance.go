@@ -92,7 +92,7 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 				continue
 			}
 			start, err := w.plan(ctx, cl, adm, &starts, &seen, pw, o)
-			pw.planned.Store(true)
+			pw.owned.Or(ownedPlanned)
 			pw.settlePlan() // after a replay began: readiness never sees a gap
 			if err != nil {
 				return nil, err

@@ -91,7 +91,7 @@ func TestAdjustOffsetsTwicePlansOnce(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if !w.Ready() {
-		t.Errorf("not ready 20s after two plans of one replay of 10 records: restoring %d, partition restoring %v, replay left %d",
-			w.restoring.Load(), pw.restoring.Load(), pw.replayLeft.Load())
+		t.Errorf("not ready 20s after two plans of one replay of 10 records: restoring %d, partition owner %d, replay left %d",
+			w.restoring.Load(), pw.owner(), pw.replayLeft.Load())
 	}
 }

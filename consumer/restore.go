@@ -52,7 +52,7 @@ func (pw *partitionWorker) startReplay(cl *kgo.Client, from, until int64, partia
 	pw.replay = replayState{from: from, until: until, start: time.Now(), logged: time.Now()}
 	pw.replayMu.Unlock()
 	pw.replayLeft.Store(until - from)
-	pw.restoring.Store(true)
+	pw.owned.Or(ownedReplaying)
 	pw.w.restoring.Add(1)
 	pw.w.m.restoring.Inc()
 	pw.w.log.Info("replaying input into the filter, forwarding nothing", "topic", pw.topic, "partition", pw.partition, "from", from, "until", until)
@@ -187,7 +187,7 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64, p
 			}
 			cp = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
 			done = cp.Offset >= until
-			if !done && (pw.dedup.DirtyBytes()+pw.dedup.StagedBytes() >= w.opts.FlushBytes/2 || pw.dedup.OverDirtyShare(w.opts.MaxDirtyPageBytes)) {
+			if !done && pw.batchDue(w.txnReserve()) {
 				rerr = pw.commitReplay(cp) // a poll can dirty more pages than a write batch holds
 			}
 		})
@@ -236,13 +236,9 @@ func (pw *partitionWorker) commitReplay(cp store.Checkpoint) error {
 	if err := pw.dedup.CommitStaged(); err != nil { // exactly once, replayed changes are staged like decided ones
 		return err
 	}
-	dirty := pw.dedup.DirtyBytes()
-	if err := pw.dedup.Commit(cp); err != nil {
+	if err := pw.commitBatch(cp, pw.decided); err != nil {
 		return err
 	}
-	pw.w.m.batches.Inc()
-	pw.w.m.batchRecords.Observe(float64(pw.decided - pw.flushedDecided))
-	pw.w.m.batchBytes.Observe(float64(dirty))
 	pw.setCheckpoint(cp)
 	return nil
 }
@@ -332,7 +328,7 @@ func (pw *partitionWorker) endReplay(completed bool, replayed int64) {
 	if r.start.IsZero() {
 		return
 	}
-	pw.restoring.Store(false)
+	pw.owned.And(^uint32(ownedReplaying))
 	pw.w.restoring.Add(-1)
 	pw.w.m.restoring.Dec()
 	pw.replayLeft.Store(0)
