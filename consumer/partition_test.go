@@ -112,7 +112,7 @@ func TestProcessAgainstModel(t *testing.T) {
 			delete(model, key)
 			want = append(want, "out "+key)
 		case n < 7:
-			rec.Value = bytes.Repeat([]byte{'x'}, 500) // over the topic's 400 bytes
+			rec.Value = bytes.Repeat([]byte{'x'}, 500)          // over the topic's 400 bytes
 			want = append(want, "dead "+key+" "+ReasonTooLarge) // forwarded or dropped, too large for either topic
 			model[key] = true
 		case model[key]:
