@@ -87,39 +87,90 @@ func (e *RecordError) Error() string {
 	if e.Target != "" {
 		target = " to " + e.Target
 	}
-	return fmt.Sprintf("%s cannot be forwarded%s: %s (%s); no dead-letter topic is set (KDEDUP_DEAD_LETTER_TOPIC), so the worker stops without committing it",
+	return fmt.Sprintf("%s cannot be forwarded%s: %s (%s); no dead-letter topic is set, so the worker stops without committing it",
 		what, target, e.Reason, e.Detail)
 }
 
 func (e *RecordError) Unwrap() error { return e.Err }
 
+// TopicRole is what the worker produces to a topic for. The worker names
+// topics by role in its errors (TopicError); its caller maps a role to the
+// setting that chose the topic.
+type TopicRole uint8
+
+const (
+	// RoleOutput is Options.OutputTopic: the forwarded records.
+	RoleOutput TopicRole = iota
+	// RoleDuplicates is Options.DuplicatesTopic: the dropped records.
+	RoleDuplicates
+	// RoleDeadLetter is Options.DeadLetterTopic: the dead letters.
+	RoleDeadLetter
+)
+
+// String returns "output", "duplicates" or "dead-letter".
+func (r TopicRole) String() string {
+	switch r {
+	case RoleOutput:
+		return "output"
+	case RoleDuplicates:
+		return "duplicates"
+	case RoleDeadLetter:
+		return "dead-letter"
+	}
+	return fmt.Sprintf("TopicRole(%d)", uint8(r))
+}
+
+// TargetTopic is a topic the worker produces to, with its role.
+type TargetTopic struct {
+	Role  TopicRole
+	Topic string
+}
+
+// TargetTopics returns the topics a worker with o produces to: the output
+// topic, then the duplicates and the dead-letter topic when set.
+func (o Options) TargetTopics() []TargetTopic {
+	ts := []TargetTopic{{RoleOutput, o.OutputTopic}}
+	if o.DuplicatesTopic != "" {
+		ts = append(ts, TargetTopic{RoleDuplicates, o.DuplicatesTopic})
+	}
+	if o.DeadLetterTopic != "" {
+		ts = append(ts, TargetTopic{RoleDeadLetter, o.DeadLetterTopic})
+	}
+	return ts
+}
+
+// roleOf returns the role of topic, one the worker produces to.
+func (w *Worker) roleOf(topic string) TopicRole {
+	switch topic {
+	case w.opts.DuplicatesTopic:
+		return RoleDuplicates
+	case w.opts.DeadLetterTopic:
+		return RoleDeadLetter
+	}
+	return RoleOutput
+}
+
+// ErrTopic is matched (errors.Is) by every *TopicError.
+var ErrTopic = errors.New("topic missing or not writable")
+
 // TopicError is the error that stops the worker when a topic it produces to
 // does not exist or may not be written: every record to it would fail.
+// It matches ErrTopic.
 type TopicError struct {
-	// Variable names the setting that chose the topic
-	// (KDEDUP_OUTPUT_TOPIC, KDEDUP_DUPLICATES_TOPIC or
-	// KDEDUP_DEAD_LETTER_TOPIC).
-	Variable string
-	Topic    string
-	Err      error
+	Role  TopicRole
+	Topic string
+	// Err is the broker's error, or what a check found.
+	Err error
 }
 
 func (e *TopicError) Error() string {
-	return fmt.Sprintf("%s=%s: producing to the topic: %v (create the topic, or grant the worker's principal Write on it)", e.Variable, e.Topic, e.Err)
+	return fmt.Sprintf("%v (the %s topic %s: create it, or grant the worker's principal Describe and Write on it)", e.Err, e.Role, e.Topic)
 }
 
 func (e *TopicError) Unwrap() error { return e.Err }
 
-// topicVariable names the setting that chose topic.
-func (w *Worker) topicVariable(topic string) string {
-	switch topic {
-	case w.opts.DuplicatesTopic:
-		return "KDEDUP_DUPLICATES_TOPIC"
-	case w.opts.DeadLetterTopic:
-		return "KDEDUP_DEAD_LETTER_TOPIC"
-	}
-	return "KDEDUP_OUTPUT_TOPIC"
-}
+// Is reports whether target is ErrTopic.
+func (e *TopicError) Is(target error) bool { return target == ErrTopic }
 
 // recordReason is the dead-letter reason of a produce error caused by the
 // record itself, "" for any other error.
@@ -144,7 +195,7 @@ func isTopicError(err error) bool {
 // error that stops the worker.
 func (w *Worker) produceError(in, out *kgo.Record, err error) error {
 	if isTopicError(err) {
-		return &TopicError{Variable: w.topicVariable(out.Topic), Topic: out.Topic, Err: err}
+		return &TopicError{Role: w.roleOf(out.Topic), Topic: out.Topic, Err: err}
 	}
 	if reason := recordReason(err); reason != "" {
 		return fmt.Errorf("producing record %s/%d offset %d to %s: refused by the broker (%s): %w", in.Topic, in.Partition, in.Offset, out.Topic, reason, err)

@@ -96,8 +96,41 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	for _, opt := range opts {
 		opt(&o)
 	}
+	c, err := build(ctx, cfg, log, reg, o)
+	if err != nil {
+		return err
+	}
+	log.Info("starting", "http", c.ln.Addr().String(), "brokers", strings.Join(cfg.Brokers, ","),
+		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "duplicates_topic", cfg.DuplicatesTopic, "dead_letter_topic", cfg.DeadLetterTopic, "group", cfg.Group, "delivery", cfg.Delivery.String(), "data_dir", cfg.DataDir)
+	logBudget(log, c.mem, c.memSource)
+	if started != nil {
+		started(c.ln.Addr().String())
+	}
+
+	return c.run(ctx, cfg)
+}
+
+// components are what Run builds before it runs anything: the state, the
+// worker and the HTTP server, listening.
+type components struct {
+	log       *slog.Logger
+	db        *store.DB
+	dm        *dedup.Metrics
+	w         *consumer.Worker
+	srv       *http.Server
+	ln        net.Listener
+	mem       budget.Split
+	memSource string
+}
+
+// build checks cfg (the rules that belong to the packages too), the
+// brokers and the topics the worker produces to, opens the state, creates
+// the worker and listens for HTTP: everything that can fail before the
+// worker runs, with the error Run returns. On error nothing it opened is
+// left open.
+func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *prometheus.Registry, o options) (*components, error) {
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("%w:\n%v", ErrConfig, err)
+		return nil, fmt.Errorf("%w:\n%v", ErrConfig, err)
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -105,14 +138,14 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	// anything connects or opens state.
 	dopts, err := DedupOptions(cfg)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrConfig, err)
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	if err := dopts.Filter.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", ErrConfig, err)
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	mem, memSource, err := memoryBudget(cfg, budget.CgroupLimit)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrConfig, err)
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	maxDirty := mem.MaxDirtyPageBytes()
 	if o.maxDirtyPageBytes > 0 {
@@ -120,14 +153,14 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 	}
 	kafkaOpts, err := KafkaOpts(cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := checkKafkaAccess(ctx, cfg, kafkaOpts); err != nil {
-		return err
+		return nil, err
 	}
 	recordLimits, err := checkTargetTopics(ctx, cfg, kafkaOpts, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	db, err := store.Open(store.Options{
@@ -139,25 +172,21 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		Registerer: reg,
 	})
 	if errors.Is(err, store.ErrInvalidOptions) {
-		return fmt.Errorf("%w: %v", ErrConfig, err)
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	if err != nil {
-		return fmt.Errorf("opening the state in KDEDUP_DATA_DIR=%s: %w", cfg.DataDir, err)
+		return nil, fmt.Errorf("opening the state in KDEDUP_DATA_DIR=%s: %w", cfg.DataDir, err)
 	}
-	closeDB := func() {
-		if err := db.Close(); err != nil {
-			log.Error("closing badger", "err", err)
-		}
-	}
+	c := &components{db: db, log: log}
 
-	dm := dedup.NewMetrics(reg)
-	opener, err := dedup.NewOpener(db, dopts, dm)
+	c.dm = dedup.NewMetrics(reg)
+	opener, err := dedup.NewOpener(db, dopts, c.dm)
 	if err != nil {
-		closeDB()
-		return fmt.Errorf("%w: %v", ErrConfig, err)
+		c.closeDB()
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	kp := clientMetrics(reg)
-	w, err := consumer.New(consumer.Options{
+	c.w, err = consumer.New(consumer.Options{
 		Brokers:         cfg.Brokers,
 		InputTopics:     cfg.InputTopics,
 		OutputTopic:     cfg.OutputTopic,
@@ -190,17 +219,17 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		ClientOpts: append([]kgo.Opt{kgo.WithHooks(kp)}, o.clientOpts...),
 	})
 	if err != nil {
-		closeDB()
-		return fmt.Errorf("%w: %v", ErrConfig, err)
+		c.closeDB()
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	c.ln, err = net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
-		closeDB()
-		return fmt.Errorf("listening on KDEDUP_HTTP_ADDR=%s: %w", cfg.HTTPAddr, err)
+		c.closeDB()
+		return nil, fmt.Errorf("listening on KDEDUP_HTTP_ADDR=%s: %w", cfg.HTTPAddr, err)
 	}
-	srv := &http.Server{
-		Handler:           httpHandler(reg, w.Ready, liveCheck(w, cfg.Liveness())),
+	c.srv = &http.Server{
+		Handler:           httpHandler(reg, c.w.Ready, liveCheck(c.w, cfg.Liveness())),
 		ReadHeaderTimeout: httpReadTimeout,
 		ReadTimeout:       httpReadTimeout,
 		WriteTimeout:      httpWriteTimeout,
@@ -208,19 +237,28 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		MaxHeaderBytes:    httpMaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
-	log.Info("starting", "http", ln.Addr().String(), "brokers", strings.Join(cfg.Brokers, ","),
-		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "duplicates_topic", cfg.DuplicatesTopic, "dead_letter_topic", cfg.DeadLetterTopic, "group", cfg.Group, "delivery", cfg.Delivery.String(), "data_dir", cfg.DataDir)
-	logBudget(log, mem, memSource)
-	if started != nil {
-		started(ln.Addr().String())
-	}
+	c.mem, c.memSource = mem, memSource
+	return c, nil
+}
 
+// closeDB closes the state, logging a failure.
+func (c *components) closeDB() {
+	if err := c.db.Close(); err != nil {
+		c.log.Error("closing badger", "err", err)
+	}
+}
+
+// run serves HTTP and runs the worker until ctx is canceled or the worker
+// fails, then stops both within cfg.ShutdownTimeout and closes the state
+// (see Run).
+func (c *components) run(ctx context.Context, cfg config.Config) error {
+	log := c.log
 	var closing atomic.Bool // the worker has returned; Badger is closing
 	done := make(chan error, 1)
 	go func() {
 		g, gctx := errgroup.WithContext(ctx)
 		g.Go(func() error {
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			if err := c.srv.Serve(c.ln); !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("serving http: %w", err)
 			}
 			return nil
@@ -228,7 +266,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		// Stopped when the worker returns, whatever its reason.
 		watchCtx, stopWatch := context.WithCancel(gctx)
 		g.Go(func() error {
-			watchState(watchCtx, &cacheWatch{log: log}, dm.StateBytes, db.CacheBytes())
+			watchState(watchCtx, &cacheWatch{log: log}, c.dm.StateBytes, c.db.CacheBytes())
 			return nil
 		})
 		g.Go(func() error {
@@ -236,16 +274,16 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 			defer func() {
 				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
-				_ = srv.Shutdown(sctx)
+				_ = c.srv.Shutdown(sctx)
 			}()
-			return w.Run(gctx)
+			return c.w.Run(gctx)
 		})
-		err := g.Wait()
+		err := named(g.Wait())
 		if errors.Is(err, store.ErrDiskFull) || errors.Is(err, store.ErrCorrupt) {
 			err = fmt.Errorf("KDEDUP_DATA_DIR=%s: %w", cfg.DataDir, err)
 		}
 		closing.Store(true)
-		closeDB()
+		c.closeDB()
 		done <- err
 	}()
 
@@ -260,7 +298,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		} else {
 			log.Info("shutting down", "cause", context.Cause(ctx), "shutdown_timeout", cfg.ShutdownTimeout)
 		}
-	case <-w.Stopping():
+	case <-c.w.Stopping():
 		log.Info("shutting down", "shutdown_timeout", cfg.ShutdownTimeout)
 	}
 	begun := time.Now()
@@ -272,7 +310,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		return err
 	case <-timer.C:
 		what := fmt.Sprintf("closing Badger at KDEDUP_DATA_DIR=%s", cfg.DataDir)
-		if p := w.Progress(); !closing.Load() {
+		if p := c.w.Progress(); !closing.Load() {
 			what = fmt.Sprintf("the worker, %s since %s", p.Stage, time.Since(p.Since).Round(time.Second))
 		}
 		return fmt.Errorf("%w: not stopped within KDEDUP_SHUTDOWN_TIMEOUT=%s; still running: %s", ErrShutdownTimeout, cfg.ShutdownTimeout, what)

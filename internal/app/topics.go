@@ -17,25 +17,42 @@ import (
 	"github.com/kdedup/kdedup/consumer"
 )
 
-// ErrTopic is returned (wrapped) by Run when a topic the worker produces to
-// (KDEDUP_OUTPUT_TOPIC, KDEDUP_DUPLICATES_TOPIC, KDEDUP_DEAD_LETTER_TOPIC)
-// does not exist or may not be written. The error names the variable. It is
-// a runtime failure (exit 1), not a configuration error: the name may be
-// right and the topic not created yet.
-var ErrTopic = errors.New("topic missing or not writable")
+// ErrTopic is matched by the error Run returns when a topic the worker
+// produces to (KDEDUP_OUTPUT_TOPIC, KDEDUP_DUPLICATES_TOPIC,
+// KDEDUP_DEAD_LETTER_TOPIC) does not exist or may not be written, at
+// start-up or later (a *consumer.TopicError). The error names the variable.
+// It is a runtime failure (exit 1), not a configuration error: the name may
+// be right and the topic not created yet.
+var ErrTopic = consumer.ErrTopic
 
-// targetTopic is a topic the worker produces to and the variable naming it.
-type targetTopic struct{ variable, topic string }
+// topicVariables maps the role of each topic the worker produces to onto
+// the variable that names it: the one place where the worker's topic
+// roles become configuration names.
+var topicVariables = map[consumer.TopicRole]string{
+	consumer.RoleOutput:     config.Prefix + "OUTPUT_TOPIC",
+	consumer.RoleDuplicates: config.Prefix + "DUPLICATES_TOPIC",
+	consumer.RoleDeadLetter: config.Prefix + "DEAD_LETTER_TOPIC",
+}
 
-func targetTopics(cfg config.Config) []targetTopic {
-	ts := []targetTopic{{config.Prefix + "OUTPUT_TOPIC", cfg.OutputTopic}}
-	if cfg.DuplicatesTopic != "" {
-		ts = append(ts, targetTopic{config.Prefix + "DUPLICATES_TOPIC", cfg.DuplicatesTopic})
+// targetTopics returns the topics a worker with cfg produces to, by role.
+func targetTopics(cfg config.Config) []consumer.TargetTopic {
+	return consumer.Options{OutputTopic: cfg.OutputTopic, DuplicatesTopic: cfg.DuplicatesTopic, DeadLetterTopic: cfg.DeadLetterTopic}.TargetTopics()
+}
+
+// named tells an error of the worker in configuration terms: a
+// *consumer.TopicError gets the variable naming its topic in front
+// (KDEDUP_OUTPUT_TOPIC=orders-dedup: ...), a *consumer.RecordError the
+// variable that sends such records to a dead-letter topic after it.
+func named(err error) error {
+	var te *consumer.TopicError
+	if errors.As(err, &te) {
+		return fmt.Errorf("%s=%s: %w", topicVariables[te.Role], te.Topic, err)
 	}
-	if cfg.DeadLetterTopic != "" {
-		ts = append(ts, targetTopic{config.Prefix + "DEAD_LETTER_TOPIC", cfg.DeadLetterTopic})
+	var re *consumer.RecordError
+	if errors.As(err, &re) {
+		return fmt.Errorf("%w (set %s to send such records there and go on)", err, topicVariables[consumer.RoleDeadLetter])
 	}
-	return ts
+	return err
 }
 
 // checkTargetTopics checks that every topic the worker produces to exists
@@ -59,7 +76,7 @@ func checkTargetTopics(ctx context.Context, cfg config.Config, opts []kgo.Opt, l
 	targets := targetTopics(cfg)
 	names := make([]string, len(targets))
 	for i, t := range targets {
-		names[i] = t.topic
+		names[i] = t.Topic
 	}
 	// A topic created a moment ago may not be in every broker's metadata
 	// yet: ask again for a few seconds before calling it missing.
@@ -80,17 +97,21 @@ func checkTargetTopics(ctx context.Context, cfg config.Config, opts []kgo.Opt, l
 	}
 	var errs []error
 	for _, t := range targets {
-		d, ok := md.Topics[t.topic]
+		var problem string
+		d, ok := md.Topics[t.Topic]
 		switch {
 		case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
-			errs = append(errs, fmt.Errorf("%w: %s=%s: the topic does not exist (kdedup does not create topics)", ErrTopic, t.variable, t.topic))
+			problem = "the topic does not exist (kdedup does not create topics)"
 		case errors.Is(d.Err, kerr.TopicAuthorizationFailed):
-			errs = append(errs, fmt.Errorf("%w: %s=%s: not authorized to describe the topic (the worker needs Describe and Write on it)", ErrTopic, t.variable, t.topic))
+			problem = "not authorized to describe the topic"
 		case d.Err != nil:
-			errs = append(errs, fmt.Errorf("%w: %s=%s: %v", ErrTopic, t.variable, t.topic, d.Err))
+			problem = d.Err.Error()
 		case len(d.AuthorizedOperations) > 0 && !slices.Contains(d.AuthorizedOperations, kadm.OpWrite) && !slices.Contains(d.AuthorizedOperations, kadm.OpAll):
-			errs = append(errs, fmt.Errorf("%w: %s=%s: not authorized to write to the topic", ErrTopic, t.variable, t.topic))
+			problem = "not authorized to write to the topic"
+		default:
+			continue
 		}
+		errs = append(errs, named(&consumer.TopicError{Role: t.Role, Topic: t.Topic, Err: errors.New(problem)}))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
