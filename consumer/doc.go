@@ -39,26 +39,47 @@
 // owner resumes from its last good checkpoint. Exactly once, such an error
 // aborts one transaction, never a loop of them.
 //
-// # Files
+// # Layout
+//
+// The two delivery modes differ in one interface, mode (delivery.go), which
+// New picks once from Options.Delivery; nothing else asks which mode runs.
+// Everything a partition does in both modes is in partition.go: process
+// decides records in offset order and hands each output to send, flush
+// cuts a write batch up to the mode's batchEnd, commitBatch is the one
+// place a write batch is committed (flush, a replay's commitReplay, a lost
+// partition's settle), batchDue the one rule that cuts a batch before its
+// time, and owner the one guard that says who may use the deduplicator:
+// the plan (adjustOffsets), a replay's restore goroutine, or the loop.
 //
 //   - worker.go: the Worker, New, Run, connecting, readiness and shutdown;
-//     which goroutine owns which of its fields.
+//     which goroutine owns which of its fields; what every poll's fetches
+//     need (polled).
+//   - delivery.go: Delivery, its names, and the mode interface.
+//   - atleastonce.go: the at-least-once mode: the poll loop, each
+//     partition's goroutine, produce with acks, a lost partition's
+//     settle, and records the broker refused retried alone.
+//   - exactlyonce.go: the exactly-once mode: the transaction loop (its
+//     size by time and staged bytes, txnBudget), commit and abort of a
+//     partition's part of a transaction, write batches between
+//     transactions, and records refused across aborted transactions.
+//   - partition.go: the per-partition path shared by both modes (above).
 //   - options.go: Options, their defaults and their validation (New).
-//   - delivery.go: Delivery, AtLeastOnce and ExactlyOnce, and their names.
 //   - clientopts.go: the group client's franz-go settings.
 //   - rebalance.go: the group callbacks (assigned, revoked, lost) and where
 //     each assigned partition starts: at its checkpoint or the group's
 //     offset, after replaying the gap, or after a rebuild (from the dedup
 //     window's start when that suffices).
 //   - startoffset.go: new partitions told from old ones for StartAtLatest.
-//   - poll.go: the at-least-once poll loop, handing records to partitions.
-//   - txn.go: the exactly-once loop, one Kafka transaction per poll.
-//   - partition.go: one topic-partition: its decisions, its output, its
-//     write batches and the ends of its part of a transaction.
 //   - restore.go: replaying input into a partition's filter with a restore
 //     client of its own.
-//   - deadletter.go: records that cannot be forwarded (dead letters,
-//     refused records, batches too large to decompress).
+//   - deadletter.go: records that cannot be forwarded (dead letters) and
+//     the errors that stop the worker (RecordError; TopicError, which
+//     names a topic by its role, TopicRole).
+//   - recordsize.go: a record's size as the broker counts it against
+//     max.message.bytes; compressed.go: the same compressed, and records
+//     that fit only compressed.
+//   - skipbatch.go: input batches over MaxDecompressBytes, decided as
+//     skips.
 //   - liveness.go: the Progress a liveness check reads.
 //   - metrics.go: the worker's metrics and its per-partition collector.
 package consumer

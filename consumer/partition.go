@@ -13,22 +13,26 @@ import (
 	"github.com/kdedup/kdedup/store"
 )
 
-// partitionWorker owns one assigned topic-partition. At least once it runs its own
-// goroutine (run); exactly once the transaction loop drives it. While it
-// replays, its restore goroutine alone touches the deduplicator: the group
-// client fetches nothing for it and flush skips it.
+// partitionWorker owns one assigned topic-partition. Its fields fall in
+// groups by who may touch them. The deduplicator and the decision fields
+// belong to one owner at a time, which owned says (read through owner, the
+// one guard): until adjustOffsets has planned the start, nobody decides;
+// while a replay runs, its restore goroutine; then the loop (at least
+// once, the partition's own goroutine, run; exactly once, the transaction
+// loop, which also ends its part of each transaction).
 type partitionWorker struct {
+	// Set by newPartition, read-only after.
 	w         *Worker
 	cl        *kgo.Client // the group client it was assigned by
 	topic     string
 	partition int32
-	dedup     *dedup.Deduplicator
 
-	in    chan []*kgo.Record
-	quit  chan struct{} // finish queued records, commit, exit
-	abort chan struct{} // drop uncommitted state, exit
-	done  chan struct{}
+	// owned says who owns dedup and the decision fields below now: read
+	// it through owner. Bits ownedPlanned and ownedReplaying.
+	owned atomic.Uint32
 
+	// The owner's: the deduplicator and where the partition stands.
+	dedup      *dedup.Deduplicator
 	next       store.Checkpoint // offset after the last decided record
 	stableNext store.Checkpoint // exactly once: next as of the last committed transaction
 	flushed    store.Checkpoint // checkpoint of the last write batch
@@ -36,48 +40,56 @@ type partitionWorker struct {
 	// lastActive is when the partition last decided records, and
 	// lastConsolidate when it last consolidated pages (consolidateIdle).
 	lastActive, lastConsolidate time.Time
-
 	// Records decided or replayed: in all, as of the last committed
 	// transaction (exactly once) and as of the last write batch; their
 	// differences size write batches (metrics only).
 	decided, stableDecided, flushedDecided int64
+	// At least once, set by startAt before the start is planned: the next
+	// write batch commits its checkpoint to the group itself (committed).
+	commitStart bool
 
-	// For the lag and replay metrics, read at scrape time: the high
-	// watermark of the latest fetch and the next offset to decide (-1:
-	// unknown), and the offsets left to replay.
-	highWatermark, nextOffset, replayLeft atomic.Int64
+	// At least once, the partition's goroutine: its queue and how it is
+	// told to end (mode.stop); done is closed once it has ended.
+	in    chan []*kgo.Record
+	quit  chan struct{} // finish queued records, commit, exit
+	abort chan struct{} // drop uncommitted state, exit
+	done  chan struct{}
+
+	// At least once, shared with produce callbacks: forwarded records not
+	// yet acknowledged, the first produce error, and the records the
+	// broker refused, to retry alone at the next write batch
+	// (retryRejected).
+	inflight   sync.WaitGroup
+	prodErr    atomic.Pointer[error]
+	rejectedMu sync.Mutex
+	rejected   []rejected
+
+	// Any goroutine: the partition failed (fail); nothing more is decided
+	// or committed.
+	failed atomic.Bool
+
+	// The plan's (adjustOffsets, on the group client's goroutine): where
+	// it started the partition (hasStart: it has), and whether the
+	// partition is still counted in Worker.unplanned (settlePlan).
+	start        kgo.Offset
+	hasStart     bool
+	awaitingPlan atomic.Bool
 
 	// Replay (restore.go): records [replay.from, replay.until) were
 	// forwarded by an earlier owner; a restore client replays them into the
 	// filter before the group client resumes the partition at until.
 	// startReplay runs on the client's goroutine (adjustOffsets); stop
 	// cancels the replay and waits for restoreDone.
-	replayMu sync.Mutex
-	replay   replayState
-	// owned says who owns the deduplicator and the decision fields
-	// (next, flushed, ...) now: read it through owner, the one guard.
-	owned atomic.Uint32
-	// start is where adjustOffsets started it (hasStart: it has), owned
-	// by the group client's goroutine that runs adjustOffsets.
-	start         kgo.Offset
-	hasStart      bool
-	awaitingPlan  atomic.Bool // counted in Worker.unplanned (settlePlan)
+	replayMu      sync.Mutex
+	replay        replayState
 	restoreAbort  atomic.Bool // stop(abort): the replay commits nothing more
 	cancelRestore context.CancelFunc
 	restoreDone   chan struct{}
 
-	// At least once, set by startAt before it is planned: the next write batch
-	// commits its checkpoint to the group itself (flush).
-	commitStart bool
-
-	// At least once: forwarded records not yet acknowledged.
-	inflight sync.WaitGroup
-	prodErr  atomic.Pointer[error]
-	failed   atomic.Bool
-	// At least once: records the broker refused, to retry alone at the
-	// next write batch (retryRejected).
-	rejectedMu sync.Mutex
-	rejected   []rejected
+	// For the lag and replay metrics, read at scrape time: the high
+	// watermark of the latest fetch and the next offset to decide (-1:
+	// unknown), and the offsets left to replay.
+	highWatermark, nextOffset, replayLeft atomic.Int64
 }
 
 func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Deduplicator) *partitionWorker {
