@@ -164,7 +164,7 @@ type TopicError struct {
 }
 
 func (e *TopicError) Error() string {
-	return fmt.Sprintf("%v (the %s topic %s: create it, or grant the worker's principal Describe and Write on it)", e.Err, e.Role, e.Topic)
+	return fmt.Sprintf("%v (the %s topic %s: kdedup does not create topics, and its principal needs Describe and Write on them)", e.Err, e.Role, e.Topic)
 }
 
 func (e *TopicError) Unwrap() error { return e.Err }

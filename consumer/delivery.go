@@ -79,8 +79,11 @@ type mode interface {
 	opened(pw *partitionWorker)
 	// release stops the partitions tps of the group client cl and
 	// returns how many it stopped (Worker.stopPartitions): lost (the
-	// session ended) drops what is uncommitted, otherwise (revoked) each
-	// commits a last write batch first. It runs in the group callbacks.
+	// session ended) decides nothing more and commits nothing to the
+	// group (at least once a last write batch keeps what was acknowledged,
+	// settle; exactly once the open transaction's changes are dropped),
+	// otherwise (revoked) each commits a last write batch first. It runs
+	// in the group callbacks.
 	release(ctx context.Context, cl *kgo.Client, tps map[string][]int32, lost bool) int
 	// stop ends one partition for stopPartitions, as release says, and
 	// closes its done channel once it has ended, or has it closed.

@@ -42,12 +42,16 @@
 // # Layout
 //
 // The two delivery modes differ in one interface, mode (delivery.go), which
-// New picks once from Options.Delivery; nothing else asks which mode runs.
+// New picks once from Options.Delivery; besides the options (the
+// transactional client settings, GroupClientOpts, and validate's staging
+// rule) nothing asks which mode runs.
 // Everything a partition does in both modes is in partition.go: process
 // decides records in offset order and hands each output to send, flush
 // cuts a write batch up to the mode's batchEnd, commitBatch is the one
-// place a write batch is committed (flush, a replay's commitReplay, a lost
-// partition's settle), batchDue the one rule that cuts a batch before its
+// place a write batch of decided or replayed records is committed (flush,
+// a replay's commitReplay, a lost partition's settle; an idle partition's
+// consolidation steps, consolidateIdle, rewrite pages only), batchDue the
+// one rule that cuts a batch before its
 // time, and owner the one guard that says who may use the deduplicator:
 // the plan (adjustOffsets), a replay's restore goroutine, or the loop.
 //

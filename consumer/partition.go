@@ -44,8 +44,9 @@ type partitionWorker struct {
 	// transaction (exactly once) and as of the last write batch; their
 	// differences size write batches (metrics only).
 	decided, stableDecided, flushedDecided int64
-	// At least once, set by startAt before the start is planned: the next
-	// write batch commits its checkpoint to the group itself (committed).
+	// Set by startAt before the start is planned; read at least once
+	// only: the next write batch commits its checkpoint to the group
+	// itself (atLeastOnce.committed).
 	commitStart bool
 
 	// At least once, the partition's goroutine: its queue and how it is
@@ -340,8 +341,9 @@ func (pw *partitionWorker) flush() {
 // commitBatch commits the partition's write batch with checkpoint cp, the
 // offset after the decided-th record: one Badger transaction holding the
 // changed pages, the chain metadata and cp (dedup.Deduplicator.Commit),
-// counted in the batch metrics. Every write batch of a partition goes
-// through it (flush, commitReplay, settle). On error nothing is counted and
+// counted in the batch metrics. Every write batch of decided or replayed
+// records goes through it (flush, commitReplay, settle); consolidation
+// steps (consolidateIdle) rewrite pages and commit no checkpoint. On error nothing is counted and
 // flushed stays; the caller fails the partition.
 func (pw *partitionWorker) commitBatch(cp store.Checkpoint, decided int64) error {
 	dirty := pw.dedup.DirtyBytes()

@@ -100,8 +100,8 @@ func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFun
 }
 
 // replayRange replays the records [from, until) of the partition into its
-// filter, committing a write batch every FlushInterval and when the dirty
-// pages reach FlushBytes, and a last one with checkpoint until. Control
+// filter, committing a write batch every FlushInterval and when one is due
+// (batchDue, leaving txnReserve), and a last one with checkpoint until. Control
 // records (transaction markers) are read too, so that a stretch ending in
 // a marker is seen to end; a stretch whose end is past the log's end (a
 // truncated log) ends at the log's end. Input deleted before the replay

@@ -101,7 +101,7 @@ func checkTargetTopics(ctx context.Context, cfg config.Config, opts []kgo.Opt, l
 		d, ok := md.Topics[t.Topic]
 		switch {
 		case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
-			problem = "the topic does not exist (kdedup does not create topics)"
+			problem = "the topic does not exist"
 		case errors.Is(d.Err, kerr.TopicAuthorizationFailed):
 			problem = "not authorized to describe the topic"
 		case d.Err != nil:
