@@ -86,6 +86,7 @@ type Config struct {
 
 	// Operations.
 	HTTPAddr  string `env:"HTTP_ADDR" envDefault:":8080" doc:"HTTP listen address for metrics and health probes, host:port; port 0 picks a free port"`
+	Pprof     bool   `env:"PPROF" envDefault:"false" doc:"Serve Go's runtime profiles (CPU, heap, allocations, goroutines, execution trace) at /debug/pprof/ on HTTP_ADDR, for profiling the worker where it runs; a CPU profile or trace runs at most 29s (the server's write timeout); off by default: a profile costs CPU while it runs and shows the process's internals to whoever reaches the port"`
 	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" doc:"Least severe level logged: debug, info, warn or error"`
 	LogFormat string `env:"LOG_FORMAT" envDefault:"json" doc:"Log format: json or text"`
 	// ShutdownTimeout and LivenessTimeout bound a worker that stops making

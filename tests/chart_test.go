@@ -143,6 +143,7 @@ log:
   format: text
 http:
   port: 9090
+  pprof: true
 persistence:
   mountPath: /data/kdedup
 shutdownTimeout: 100s
@@ -197,6 +198,7 @@ var allValuesEnv = map[string]string{
 	"KDEDUP_FLUSH_INTERVAL":       "2s",
 	"KDEDUP_FLUSH_BYTES":          "16MiB",
 	"KDEDUP_HTTP_ADDR":            ":9090",
+	"KDEDUP_PPROF":                "true",
 	"KDEDUP_LOG_LEVEL":            "debug",
 	"KDEDUP_LOG_FORMAT":           "text",
 	"KDEDUP_SHUTDOWN_TIMEOUT":     "100s",

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -229,7 +230,7 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 		return nil, fmt.Errorf("listening on KDEDUP_HTTP_ADDR=%s: %w", cfg.HTTPAddr, err)
 	}
 	c.srv = &http.Server{
-		Handler:           httpHandler(reg, c.w.Ready, liveCheck(c.w, cfg.Liveness())),
+		Handler:           httpHandler(reg, c.w.Ready, liveCheck(c.w, cfg.Liveness()), cfg.Pprof),
 		ReadHeaderTimeout: httpReadTimeout,
 		ReadTimeout:       httpReadTimeout,
 		WriteTimeout:      httpWriteTimeout,
@@ -350,8 +351,9 @@ func DedupOptions(cfg config.Config) (dedup.Options, error) {
 }
 
 // httpHandler serves /metrics from reg, /readyz from ready and /healthz
-// from live (503 with live's error).
-func httpHandler(reg *prometheus.Registry, ready func() bool, live func() error) http.Handler {
+// from live (503 with live's error), and with profiles Go's runtime
+// profiles under /debug/pprof/ (KDEDUP_PPROF).
+func httpHandler(reg *prometheus.Registry, ready func() bool, live func() error, profiles bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -368,5 +370,14 @@ func httpHandler(reg *prometheus.Registry, ready func() bool, live func() error)
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if profiles {
+		// Go's runtime profiles, as net/http/pprof serves them on
+		// http.DefaultServeMux, here on this mux only.
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }

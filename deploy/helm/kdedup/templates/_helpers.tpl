@@ -214,6 +214,7 @@ is set, in the order of `kdedup run -h`, then extraEnv.
   (list "KDEDUP_FLUSH_INTERVAL" $s.flushInterval)
   (list "KDEDUP_FLUSH_BYTES" $s.flushBytes)
   (list "KDEDUP_HTTP_ADDR" (printf ":%d" (int .Values.http.port)))
+  (list "KDEDUP_PPROF" (ternary "true" nil (.Values.http.pprof | default false)))
   (list "KDEDUP_LOG_LEVEL" .Values.log.level)
   (list "KDEDUP_LOG_FORMAT" .Values.log.format)
   (list "KDEDUP_SHUTDOWN_TIMEOUT" (include "kdedup.shutdownTimeout" .))
