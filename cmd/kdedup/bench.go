@@ -58,7 +58,8 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		o.workerVars[k] = v
 		return nil
 	})
-	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile of this process to `file` while the (in-process) worker of the first round runs; the broker's work is in it too")
+	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile to `file` while the worker runs: of this process with the in-process worker (the broker's work is in it too), or with -worker-process of the worker process alone (KDEDUP_PPROF, for -profile-time from its group join)")
+	fs.DurationVar(&o.profileTime, "profile-time", 5*time.Second, "with -worker-process and -cpu-profile: how long the worker process's CPU profile runs, from its group join (at most 29s; keep it under the run)")
 	fs.StringVar(&o.heapProfile, "heap-profile", "", "write a heap profile of this process to `file` once the (in-process) worker has caught up; the broker's records are in it too")
 	fs.StringVar(&o.broker, "broker", "kfake", "kfake: worker and passthrough on an in-process broker; apache: kdedup, the passthrough and a Kafka Streams deduplicator, each as its own process, on one Apache Kafka broker (needs Java 17 and Maven; see BENCHMARKS.md)")
 	peers := fs.String("peers", "kdedup,passthrough,kstreams", "with -broker apache: the systems to run, in the first step's order (kdedup, passthrough, kstreams)")
@@ -159,6 +160,7 @@ type benchOptions struct {
 	records, partitions, rounds, bits   int
 	process                             bool
 	cacheBytes, heapProfile, cpuProfile string
+	profileTime                         time.Duration     // -profile-time
 	workerVars                          map[string]string // -env: more KDEDUP_ variables of the worker
 	brokers                             []string
 	adm                                 *kadm.Client
@@ -270,6 +272,9 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 	addr := ln.Addr().String()
 	ln.Close()
 	env["KDEDUP_HTTP_ADDR"] = addr
+	if o.cpuProfile != "" {
+		env["KDEDUP_PPROF"] = "true"
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return runResult{}, err
@@ -292,11 +297,24 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 		_ = cmd.Process.Kill()
 		return runResult{}, err
 	}
+	var profiled chan error
+	if o.cpuProfile != "" {
+		profiled = make(chan error, 1)
+		go func() { profiled <- fetchCPUProfile(ctx, addr, o.profileTime, o.cpuProfile) }()
+	}
 	steady, err := waitGroup(ctx, o, group, readyAt, stdout)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		<-done
 		return runResult{}, err
+	}
+	if profiled != nil {
+		if err := <-profiled; err != nil {
+			_ = cmd.Process.Kill()
+			<-done
+			return runResult{}, err
+		}
+		fmt.Fprintf(stdout, "  worker process: CPU profile of its first %s in %s\n", o.profileTime, o.cpuProfile)
 	}
 	res := runResult{elapsed: time.Since(readyAt), steady: steady}
 	printProcessMemory(stdout, cmd.Process.Pid, addr)
@@ -318,6 +336,34 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 			time.Duration(ru.Utime.Nano()).Round(time.Millisecond), time.Duration(ru.Stime.Nano()).Round(time.Millisecond))
 	}
 	return res, nil
+}
+
+// fetchCPUProfile writes the CPU profile of the worker process serving
+// HTTP at addr (KDEDUP_PPROF) over the next d to file.
+func fetchCPUProfile(ctx context.Context, addr string, d time.Duration, file string) error {
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, max(1, int(d.Seconds())))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("profiling the worker process: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("profiling the worker process: %s: %s", resp.Status, msg)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // hwmSampler polls a process's VmHWM and keeps the largest value read.
