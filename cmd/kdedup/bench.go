@@ -58,7 +58,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		o.workerVars[k] = v
 		return nil
 	})
-	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile to `file` while the worker runs: of this process with the in-process worker (the broker's work is in it too), or with -worker-process of the worker process alone (KDEDUP_PPROF, for -profile-time from its group join)")
+	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile to `file` while the worker runs: of this process with the in-process worker (the broker's work is in it too), or of the worker process alone with -worker-process or -broker apache (KDEDUP_PPROF, for -profile-time from its group join; with -broker apache one file per run of kdedup, file-kdedup-<alo|eos>-<round>)")
 	fs.DurationVar(&o.profileTime, "profile-time", 5*time.Second, "with -worker-process and -cpu-profile: how long the worker process's CPU profile runs, from its group join (at most 29s; keep it under the run)")
 	fs.StringVar(&o.heapProfile, "heap-profile", "", "write a heap profile of this process to `file` once the (in-process) worker has caught up; the broker's records are in it too")
 	fs.StringVar(&o.broker, "broker", "kfake", "kfake: worker and passthrough on an in-process broker; apache: kdedup, the passthrough and a Kafka Streams deduplicator, each as its own process, on one Apache Kafka broker (needs Java 17 and Maven; see BENCHMARKS.md)")
@@ -265,12 +265,10 @@ func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io
 // high-water mark into the child across exec, so it would report this
 // process's (the broker's) memory whenever that is the larger.
 func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string, group string, stdout io.Writer) (runResult, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeAddr()
 	if err != nil {
 		return runResult{}, err
 	}
-	addr := ln.Addr().String()
-	ln.Close()
 	env["KDEDUP_HTTP_ADDR"] = addr
 	if o.cpuProfile != "" {
 		env["KDEDUP_PPROF"] = "true"
@@ -336,6 +334,16 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 			time.Duration(ru.Utime.Nano()).Round(time.Millisecond), time.Duration(ru.Stime.Nano()).Round(time.Millisecond))
 	}
 	return res, nil
+}
+
+// freeAddr returns a loopback address with a port free at the moment.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 // fetchCPUProfile writes the CPU profile of the worker process serving

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/kafkatest"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
@@ -140,13 +141,24 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 		return peerResult{}, err
 	}
 	defer os.RemoveAll(dir)
-	var cmd *exec.Cmd
+	var (
+		cmd      *exec.Cmd
+		httpAddr = "127.0.0.1:0"
+		profile  string // with -cpu-profile, kdedup's: file-<system>-<delivery>-<round>
+	)
 	switch system {
 	case peerKdedup:
+		if o.cpuProfile != "" {
+			if httpAddr, err = freeAddr(); err != nil {
+				return peerResult{}, err
+			}
+			profile = fmt.Sprintf("%s-%s-%s-%d", o.cpuProfile, system, short, round)
+		}
 		cmd = exec.Command(exe, "run")
 		cmd.Env = workerEnv("KDEDUP_BROKERS="+o.brokers[0], "KDEDUP_INPUT_TOPICS=events", "KDEDUP_OUTPUT_TOPIC="+out,
-			"KDEDUP_GROUP="+group, "KDEDUP_DATA_DIR="+dir, "KDEDUP_HTTP_ADDR=127.0.0.1:0", "KDEDUP_LOG_FORMAT=text",
-			"KDEDUP_LOG_LEVEL=warn", "KDEDUP_DELIVERY="+delivery, "KDEDUP_WINDOW="+o.window.String())
+			"KDEDUP_GROUP="+group, "KDEDUP_DATA_DIR="+dir, "KDEDUP_HTTP_ADDR="+httpAddr, "KDEDUP_LOG_FORMAT=text",
+			"KDEDUP_LOG_LEVEL=warn", "KDEDUP_DELIVERY="+delivery, "KDEDUP_WINDOW="+o.window.String(),
+			fmt.Sprintf("KDEDUP_PPROF=%t", profile != ""))
 	case peerPassthrough:
 		cmd = exec.Command(exe, "bench", "-passthrough-child", "-brokers", o.brokers[0], "-group", group, "-out", out, "-delivery", delivery)
 	case peerKStreams:
@@ -176,7 +188,23 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 		case <-wctx.Done():
 		}
 	}()
+	var profiled chan error
+	if profile != "" {
+		profiled = make(chan error, 1)
+		go func() {
+			if _, err := harness.WaitReady(wctx, httpAddr, nil); err != nil {
+				profiled <- err
+				return
+			}
+			profiled <- fetchCPUProfile(wctx, httpAddr, o.profileTime, profile)
+		}()
+	}
 	res.steady, err = waitGroup(wctx, o, group, start, stdout)
+	if err == nil && profiled != nil {
+		if err = <-profiled; err == nil {
+			fmt.Fprintf(stdout, "  %s: CPU profile of its first %s after its group join in %s\n", system, o.profileTime, profile)
+		}
+	}
 	cancel()
 	if err != nil {
 		_ = cmd.Process.Kill()
