@@ -172,8 +172,10 @@ type Deduplicator struct {
 	stableMeta []byte
 	tally      tally
 
-	// ahead is the poll Prefetch reads ahead of its decisions.
-	ahead readAhead
+	// ahead is the poll Prefetch reads ahead of its decisions, and
+	// buckets the poll whose buckets decide prefetches.
+	ahead   readAhead
+	buckets bucketAhead
 }
 
 // tally counts decisions not yet added to the metrics.
@@ -307,6 +309,9 @@ func (p *Deduplicator) decide(r *kgo.Record) (Decision, error) {
 		if err := p.readAheadOf(r); err != nil {
 			return Forward, p.wrap(r, err)
 		}
+	}
+	if p.buckets.recs != nil {
+		p.prefetchBuckets(r)
 	}
 	// Every record moves the window's watermark, keyed or not: time is the
 	// input's, whatever the record holds.
@@ -480,6 +485,7 @@ func (p *Deduplicator) DiscardStaged() error {
 	p.overlay.Discard()
 	p.syncStaged()
 	p.ahead.recs = nil // the input is read again
+	p.buckets = bucketAhead{}
 	chain, err := filter.Open(p.stableMeta, p.opts.Filter, p.overlay)
 	if err != nil {
 		return fmt.Errorf("restoring the filter of %s/%d: %w", p.topic, p.partition, err)

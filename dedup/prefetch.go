@@ -37,7 +37,11 @@ type readAhead struct {
 // one when Decide (or Replay) reaches its first record, so that
 // prefetched pages are not evicted before they are used.
 //
-// It does nothing when the previous poll, its prefetch and decisions
+// With a state of at least minBucketPrefetchBytes, Decide (and Replay)
+// of each record of recs also prefetches, into the CPU's caches, the
+// buckets of the records bucketsAhead after it (filter.Chain.PrefetchBuckets).
+//
+// It reads no page when the previous poll, its prefetch and decisions
 // included, read no page from Badger (store.PartitionState.CacheMisses did not
 // move): a state that fits in the page cache pays a counter comparison per
 // poll. The first poll after a cache miss prefetches again; the first
@@ -45,6 +49,7 @@ type readAhead struct {
 //
 // Errors are storage errors, as Decide's: the partition must stop.
 func (p *Deduplicator) Prefetch(recs []*kgo.Record) error {
+	p.startBucketAhead(recs)
 	a := &p.ahead
 	a.recs, a.end = nil, 0
 	misses := p.state.CacheMisses()
@@ -101,4 +106,52 @@ func (p *Deduplicator) prefetchFrom(i int) error {
 		a.end = 0
 	}
 	return p.chain.Prefetch(ids)
+}
+
+// bucketsAhead is how many records ahead of the one it decides a
+// Deduplicator prefetches the buckets of (filter.Chain.PrefetchBuckets):
+// enough for the loads of several records to overlap, few enough that
+// their cache lines are still there when the records are decided.
+const bucketsAhead = 8
+
+// minBucketPrefetchBytes is the least state (pages of the chain) for which
+// a Deduplicator prefetches buckets: below it a partition's buckets mostly
+// stay in the CPU's caches, and the prefetch would cost a second hash of
+// each key for little.
+const minBucketPrefetchBytes = 4 << 20
+
+// bucketAhead is the poll whose records' buckets Decide prefetches
+// bucketsAhead records ahead (prefetchBuckets).
+type bucketAhead struct {
+	recs []*kgo.Record
+	at   int // index of the record being decided, or the last one
+	next int // index of the next record whose buckets are prefetched
+}
+
+// startBucketAhead makes Decide prefetch the buckets of recs, the poll
+// handed to Prefetch, when the state is large enough for it to pay.
+func (p *Deduplicator) startBucketAhead(recs []*kgo.Record) {
+	p.buckets = bucketAhead{}
+	if len(recs) > 1 && p.chain.Stats().Bytes >= minBucketPrefetchBytes {
+		p.buckets.recs = recs
+	}
+}
+
+// prefetchBuckets prefetches the buckets of the records of the poll up to
+// bucketsAhead past r, which is about to be decided.
+func (p *Deduplicator) prefetchBuckets(r *kgo.Record) {
+	b := &p.buckets
+	for b.at < len(b.recs) && b.recs[b.at].Offset < r.Offset {
+		b.at++
+	}
+	if b.at >= len(b.recs) {
+		*b = bucketAhead{}
+		return
+	}
+	b.next = max(b.next, b.at+1)
+	for end := min(len(b.recs), b.at+1+bucketsAhead); b.next < end; b.next++ {
+		if key, err := p.opts.Key.Of(b.recs[b.next]); err == nil {
+			p.chain.PrefetchBuckets(key)
+		}
+	}
 }

@@ -34,6 +34,16 @@ func (m *MemPager) Page(id PageID) ([]byte, error) {
 	return pg, nil
 }
 
+// Peek returns page id if it was touched, nil otherwise (Peeker).
+func (m *MemPager) Peek(id PageID) []byte {
+	if int(id.SubFilter) < len(m.subs) {
+		if pages := m.subs[id.SubFilter]; int(id.Page) < len(pages) {
+			return pages[id.Page]
+		}
+	}
+	return nil
+}
+
 // store puts pg at id, growing the index as needed.
 func (m *MemPager) store(id PageID, pg []byte) {
 	for int(id.SubFilter) >= len(m.subs) {

@@ -1,6 +1,9 @@
 package filter
 
-import "fmt"
+import (
+	"fmt"
+	"unsafe"
+)
 
 // Prefetcher is an optional extension of Pager for a Pager whose Page may
 // wait on storage: Prefetch loads the pages ids into memory ahead of the
@@ -72,3 +75,71 @@ func (o *Overlay) Prefetch(ids []PageID) error {
 }
 
 var _ Prefetcher = (*Overlay)(nil)
+
+// Peeker is an optional extension of Pager: Peek returns page id if it is
+// in memory now (cached, dirty or staged), without reading storage and
+// without changing what any later call returns; nil otherwise. A Chain
+// uses it to prefetch buckets (PrefetchBuckets), which must never wait.
+type Peeker interface {
+	Peek(id PageID) []byte
+}
+
+// PrefetchBuckets asks the CPU to start loading, without waiting, the
+// cache lines of key's two candidate buckets in every sub-filter whose page
+// is in memory (Peeker), so that an operation on key soon after finds them
+// in its caches instead of waiting on memory for each. A caller deciding a
+// batch of keys calls it a few keys ahead of the one it decides: the loads
+// of several keys then overlap (memory-level parallelism), where the
+// operations alone wait for them one key at a time. It is a hint: it
+// changes nothing, reads no storage (pages not in memory are skipped) and
+// costs one hash of key and a few multiplications per sub-filter. Without
+// a Peeker it does nothing. (The batched, prefetching lookups of hash
+// tables and filters, as in Kvrocks' and RocksDB's MultiGet, one level
+// down: the CPU cache instead of the disk.)
+func (c *Chain) PrefetchBuckets(key []byte) {
+	pk, ok := c.pager.(Peeker)
+	if !ok {
+		return
+	}
+	h := c.hash(key)
+	for s := range c.subs {
+		sf := &c.subs[s]
+		x := uint64(uint32(h)) * sf.Pages
+		pg := pk.Peek(PageID{SubFilter: sf.ID, Page: uint32(x >> 32)})
+		if pg == nil {
+			continue
+		}
+		// The buckets open finds (bucket.go), and the last byte
+		// loadBucket reads of each.
+		local := (x & 0xffffffff * sf.bucketsPerPage) >> 32
+		f := sf.FingerprintBits
+		fp := uint32(h>>32) & fpMask(f)
+		if fp == 0 {
+			fp = 1
+		}
+		bb := uint64(c.p.BucketSize * f)
+		for _, b := range [2]uint64{local * bb, altLocal(local, fp, sf.bucketsPerPage) * bb} {
+			i := int(b >> 3)
+			if i < len(pg) {
+				prefetchLine(unsafe.Pointer(&pg[i]))
+			}
+			if j := i + 15; j < len(pg) {
+				prefetchLine(unsafe.Pointer(&pg[j]))
+			}
+		}
+	}
+}
+
+// Peek returns the staged copy of id if the round holds one, else the base
+// Pager's page if it is a Peeker and has it in memory; nil otherwise.
+func (o *Overlay) Peek(id PageID) []byte {
+	if pg, ok := o.staged[id]; ok {
+		return pg
+	}
+	if pk, ok := o.base.(Peeker); ok {
+		return pk.Peek(id)
+	}
+	return nil
+}
+
+var _ Peeker = (*Overlay)(nil)

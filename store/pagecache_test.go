@@ -266,3 +266,45 @@ func (pc *pageCache) resident() int {
 	}
 	return n
 }
+
+// TestPeekReadsNothing: Peek returns a page only if it is in memory (the
+// bytes Page returns, dirty or cached), nil otherwise, and never reads
+// Badger: a page written and evicted stays unread, and Page reads it after.
+func TestPeekReadsNothing(t *testing.T) {
+	const pb = 64
+	db := openT(t, Options{InMemory: true, PageBytes: pb, CacheBytes: 4 * pb, FlushBytes: smallFlush})
+	p := partitionT(t, db, "orders", 1)
+	defer p.Close()
+	id := func(i int) filter.PageID { return filter.PageID{Page: uint32(i)} }
+	pg := mustPage(t, p, id(0))
+	pg[0] = 7
+	p.MarkChanged(id(0), pg, 0, 1)
+	if got := p.Peek(id(0)); got == nil || got[0] != 7 {
+		t.Fatalf("Peek of a dirty page = %v, want its bytes", got)
+	}
+	if err := p.Commit(nil, Checkpoint{Offset: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 8; i++ { // evict page 0 from a cache of 4 pages
+		mustPage(t, p, id(i))
+	}
+	misses := p.CacheMisses()
+	if got := p.Peek(id(0)); got != nil {
+		t.Errorf("Peek of a page not in memory = %v, want nil", got)
+	}
+	if got := p.Peek(id(100)); got != nil {
+		t.Errorf("Peek of a page never written = %v, want nil", got)
+	}
+	if p.CacheMisses() != misses {
+		t.Fatalf("Peek read %d pages from Badger", p.CacheMisses()-misses)
+	}
+	if got := mustPage(t, p, id(0)); got[0] != 7 {
+		t.Fatalf("page 0 read back %v", got)
+	}
+	if p.CacheMisses() != misses+1 {
+		t.Fatalf("Page of an evicted page read %d pages, want 1", p.CacheMisses()-misses)
+	}
+	if got := p.Peek(id(0)); got == nil || got[0] != 7 {
+		t.Fatalf("Peek of a cached page = %v, want its bytes", got)
+	}
+}
