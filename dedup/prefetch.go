@@ -116,9 +116,9 @@ const bucketsAhead = 8
 
 // minBucketPrefetchBytes is the least state (pages of the chain) for which
 // a Deduplicator prefetches buckets: below it a partition's buckets mostly
-// stay in the CPU's caches, and the prefetch would cost a second hash of
-// each key for little.
-const minBucketPrefetchBytes = 4 << 20
+// stay in the CPU's caches, and the prefetch would cost a second key and
+// hash of each record for little. A variable for tests.
+var minBucketPrefetchBytes uint64 = 4 << 20
 
 // bucketAhead is the poll whose records' buckets Decide prefetches
 // bucketsAhead records ahead (prefetchBuckets).
@@ -132,7 +132,7 @@ type bucketAhead struct {
 // handed to Prefetch, when the state is large enough for it to pay.
 func (p *Deduplicator) startBucketAhead(recs []*kgo.Record) {
 	p.buckets = bucketAhead{}
-	if len(recs) > 1 && p.chain.Stats().Bytes >= minBucketPrefetchBytes {
+	if filter.PrefetchesBuckets && len(recs) > 1 && p.chain.Stats().Bytes >= minBucketPrefetchBytes {
 		p.buckets.recs = recs
 	}
 }
@@ -141,17 +141,38 @@ func (p *Deduplicator) startBucketAhead(recs []*kgo.Record) {
 // bucketsAhead past r, which is about to be decided.
 func (p *Deduplicator) prefetchBuckets(r *kgo.Record) {
 	b := &p.buckets
-	for b.at < len(b.recs) && b.recs[b.at].Offset < r.Offset {
+	recs := b.recs
+	from, to := b.advance(r.Offset)
+	for _, rec := range recs[from:to] {
+		if key, err := p.opts.Key.Of(rec); err == nil {
+			p.chain.PrefetchBuckets(key)
+		}
+	}
+}
+
+// advance moves the window to the record at offset, about to be decided,
+// and returns the indexes [from, to) of the poll's records whose buckets
+// are to be prefetched now: each record once, at most bucketsAhead past
+// the one decided, never the one decided (it is needed at once). Records
+// the caller skips are passed over; a record past the poll, or the poll's
+// last prefetch, releases the poll.
+func (b *bucketAhead) advance(offset int64) (from, to int) {
+	for b.at < len(b.recs) && b.recs[b.at].Offset < offset {
 		b.at++
 	}
 	if b.at >= len(b.recs) {
 		*b = bucketAhead{}
-		return
+		return 0, 0
 	}
-	b.next = max(b.next, b.at+1)
-	for end := min(len(b.recs), b.at+1+bucketsAhead); b.next < end; b.next++ {
-		if key, err := p.opts.Key.Of(b.recs[b.next]); err == nil {
-			p.chain.PrefetchBuckets(key)
-		}
+	first := b.at + 1
+	if b.recs[b.at].Offset > offset {
+		first = b.at // the record decided is not in the poll: recs[at] is next
 	}
+	from = max(b.next, first)
+	to = max(from, min(len(b.recs), first+bucketsAhead))
+	b.next = to
+	if b.next >= len(b.recs) {
+		*b = bucketAhead{} // the poll's last buckets are asked for: hold no records past it
+	}
+	return from, to
 }

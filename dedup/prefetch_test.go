@@ -19,7 +19,12 @@ import (
 // before each poll and once without, over a page cache of 8 pages while
 // the state grows to over a hundred: decisions, chain metadata and every page are
 // identical, under each option that changes which pages a record reads.
+// The buckets are prefetched too (Decide's PrefetchBuckets a few records
+// ahead), whatever the state's size.
 func TestPrefetchChangesNothing(t *testing.T) {
+	// With the buckets of every state prefetched too (filter.Chain.PrefetchBuckets).
+	defer func(v uint64) { minBucketPrefetchBytes = v }(minBucketPrefetchBytes)
+	minBucketPrefetchBytes = 0
 	recs := scenario.Generate(scenario.Options{Keys: 8_000, Seed: 21})
 	for i, r := range recs {
 		r.Offset = int64(i)

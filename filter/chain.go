@@ -126,6 +126,8 @@ type Stats struct {
 type Chain struct {
 	p     Params
 	pager Pager
+	// peeker is pager as a Peeker, nil if it is not one (PrefetchBuckets).
+	peeker Peeker
 	// seed keys the hash: secret, drawn when the chain is created and kept
 	// in its metadata, so that keys colliding with another key's page,
 	// buckets and fingerprint cannot be computed without it.
@@ -209,7 +211,8 @@ func RandomSeed() Seed {
 }
 
 func newChain(p Params, seed Seed, pager Pager) *Chain {
-	return &Chain{p: p, pager: pager, seed: seed, watermark: math.MinInt64, span: p.spanMillis(), kicks: make([]kick, 0, p.MaxKicks)}
+	peeker, _ := pager.(Peeker)
+	return &Chain{p: p, pager: pager, peeker: peeker, seed: seed, watermark: math.MinInt64, span: p.spanMillis(), kicks: make([]kick, 0, p.MaxKicks)}
 }
 
 // hash is the 64-bit key hash: SipHash-2-4 keyed by the chain's secret

@@ -97,8 +97,8 @@ type Peeker interface {
 // tables and filters, as in Kvrocks' and RocksDB's MultiGet, one level
 // down: the CPU cache instead of the disk.)
 func (c *Chain) PrefetchBuckets(key []byte) {
-	pk, ok := c.pager.(Peeker)
-	if !ok {
+	pk := c.peeker
+	if pk == nil || !PrefetchesBuckets {
 		return
 	}
 	h := c.hash(key)
@@ -130,16 +130,10 @@ func (c *Chain) PrefetchBuckets(key []byte) {
 	}
 }
 
-// Peek returns the staged copy of id if the round holds one, else the base
-// Pager's page if it is a Peeker and has it in memory; nil otherwise.
-func (o *Overlay) Peek(id PageID) []byte {
-	if pg, ok := o.staged[id]; ok {
-		return pg
-	}
-	if pk, ok := o.base.(Peeker); ok {
-		return pk.Peek(id)
-	}
-	return nil
-}
+// Peek returns the staged copy of id if the round holds one, nil
+// otherwise: the chain reads an Overlay's pages from their staged copies
+// only, so the base's copy of a page not staged yet is read once, by the
+// copy (Page), and prefetching it would not serve the decision.
+func (o *Overlay) Peek(id PageID) []byte { return o.staged[id] }
 
 var _ Peeker = (*Overlay)(nil)
