@@ -119,12 +119,19 @@ func (c *Chain) PrefetchBuckets(key []byte) {
 		}
 		bb := uint64(c.p.BucketSize * f)
 		for _, b := range [2]uint64{local * bb, altLocal(local, fp, sf.bucketsPerPage) * bb} {
+			// The first and last byte loadBucket reads of the bucket (16
+			// from its first); a second line only when they straddle one
+			// (each prefetch holds a line-fill buffer, of which a core has
+			// about ten).
 			i := int(b >> 3)
-			if i < len(pg) {
-				prefetchLine(unsafe.Pointer(&pg[i]))
+			j := min(i+15, len(pg)-1)
+			if i >= len(pg) {
+				continue
 			}
-			if j := i + 15; j < len(pg) {
-				prefetchLine(unsafe.Pointer(&pg[j]))
+			first := unsafe.Pointer(&pg[i])
+			prefetchLine(first)
+			if last := unsafe.Pointer(&pg[j]); uintptr(last)>>6 != uintptr(first)>>6 {
+				prefetchLine(last)
 			}
 		}
 	}
