@@ -26,6 +26,13 @@ type position struct {
 // comes from the high 32 bits, so index and fingerprint never share bits.
 // The error is the page's (Chain.page).
 func (c *Chain) open(pos *position, h uint64, s int) ([]byte, error) {
+	c.locate(pos, h, s)
+	return c.page(pos.id)
+}
+
+// locate sets *pos to where hash h lives in sub-filter s, as open does,
+// without reading the page.
+func (c *Chain) locate(pos *position, h uint64, s int) {
 	sf := &c.subs[s]
 	x := uint64(uint32(h)) * sf.Pages
 	local := (x & 0xffffffff * sf.bucketsPerPage) >> 32
@@ -42,7 +49,6 @@ func (c *Chain) open(pos *position, h uint64, s int) ([]byte, error) {
 		fp:  fp,
 		sub: sf,
 	}
-	return c.page(pos.id)
 }
 
 func fpMask(f int) uint32 { return uint32(uint64(1)<<f - 1) }

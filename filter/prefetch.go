@@ -79,7 +79,7 @@ var _ Prefetcher = (*Overlay)(nil)
 // Peeker is an optional extension of Pager: Peek returns page id if it is
 // in memory now (cached, dirty or staged), without reading storage and
 // without changing what any later call returns; nil otherwise. A Chain
-// uses it to prefetch buckets (PrefetchBuckets), which must never wait.
+// uses it to prefetch buckets (PrefetchBuckets), which must not read storage.
 type Peeker interface {
 	Peek(id PageID) []byte
 }
@@ -102,28 +102,19 @@ func (c *Chain) PrefetchBuckets(key []byte) {
 		return
 	}
 	h := c.hash(key)
+	var pos position
 	for s := range c.subs {
-		sf := &c.subs[s]
-		x := uint64(uint32(h)) * sf.Pages
-		pg := pk.Peek(PageID{SubFilter: sf.ID, Page: uint32(x >> 32)})
+		c.locate(&pos, h, s) // the buckets open finds
+		pg := pk.Peek(pos.id)
 		if pg == nil {
 			continue
 		}
-		// The buckets open finds (bucket.go), and the last byte
-		// loadBucket reads of each.
-		local := (x & 0xffffffff * sf.bucketsPerPage) >> 32
-		f := sf.FingerprintBits
-		fp := uint32(h>>32) & fpMask(f)
-		if fp == 0 {
-			fp = 1
-		}
-		bb := uint64(c.p.BucketSize * f)
-		for _, b := range [2]uint64{local * bb, altLocal(local, fp, sf.bucketsPerPage) * bb} {
+		for _, b := range [2]int{pos.b1, pos.b2} {
 			// The first and last byte loadBucket reads of the bucket (16
 			// from its first); a second line only when they straddle one
 			// (each prefetch holds a line-fill buffer, of which a core has
 			// about ten).
-			i := int(b >> 3)
+			i := b >> 3
 			j := min(i+15, len(pg)-1)
 			if i >= len(pg) {
 				continue
