@@ -70,6 +70,7 @@
 //	P | 'p' | uint32 sub-filter | uint32 page     page base K: uint32 sequence | page bytes (PageBytes)
 //	K | uint32 sequence                           page delta: runs of uvarint gap | uvarint length | bytes
 //	P | 'd' | uint32 sub-filter                   sub-filter dropped, pages not yet deleted (empty value)
+//	P | 'i'                                       Import not finished: the partition has no state (empty value)
 //
 // Layout version 1 stored every page whole under K without a sequence
 // number; Open refuses it like any other version (ErrCorrupt), and the

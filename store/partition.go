@@ -81,9 +81,12 @@ type PartitionState struct {
 
 func (p *PartitionState) load() error {
 	var meta, cp []byte
-	var hasMeta, hasCP bool
+	var hasMeta, hasCP, importing bool
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
 		var err error
+		if importing, err = has(txn, importingKey(p.prefix)); err != nil || importing {
+			return err
+		}
 		if meta, hasMeta, err = get(txn, metaKey(p.prefix)); err != nil {
 			return err
 		}
@@ -92,6 +95,17 @@ func (p *PartitionState) load() error {
 	})
 	if err != nil {
 		return fmt.Errorf("store: loading %s: %w", p.tp, err)
+	}
+	if importing {
+		// An Import a crash cut short: its pages are not a state.
+		p.db.logger.Warn("deleting the state of an import that did not finish", "partition", p.tp.String())
+		if p.db.opts.ReadOnly {
+			return nil
+		}
+		if err := p.finishInterruptedImport(); err != nil {
+			return fmt.Errorf("store: loading %s: deleting an unfinished import: %w", p.tp, err)
+		}
+		return nil
 	}
 	if hasMeta != hasCP {
 		return p.db.corrupted(fmt.Errorf("store: loading %s: %w", p.tp, corruptError(p.db.where,

@@ -1,0 +1,226 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/dgraph-io/badger/v4"
+
+	"github.com/kdedup/kdedup/filter"
+)
+
+// Image is the header of a topic-partition's state as a write batch left
+// it: what Export reads before the pages and Import writes after them.
+type Image struct {
+	// Meta is the chain metadata (opaque here; filter.MarshalMeta). It
+	// holds the chain's secret hash seed.
+	Meta []byte
+	// Checkpoint is the write batch's checkpoint.
+	Checkpoint Checkpoint
+	// PageBytes is the size of every page, in bytes (Options.PageBytes of
+	// the DB exported from).
+	PageBytes int
+}
+
+// Export reads the committed state of tp as of one Badger read timestamp,
+// so as of one whole write batch, whatever write batches commit while it
+// runs: header gets the image's metadata and checkpoint, then page gets
+// every stored page of a live sub-filter with its deltas folded in, in
+// (sub-filter, page) order. A page never written is all zeros and not
+// exported; pages of a dropped sub-filter are not exported. data is
+// PageBytes long and reused after page returns. found is false (and
+// nothing called) when tp has no state. An error of header or page ends
+// the export and is returned.
+//
+// Export does not open the partition: it may run while a PartitionState
+// of tp commits write batches, from any goroutine. ErrCorrupt (wrapped)
+// reports a stored entry that cannot be right.
+func (db *DB) Export(tp TopicPartition, header func(Image) error, page func(id filter.PageID, data []byte) error) (found bool, err error) {
+	if db.closed.Load() {
+		return false, fmt.Errorf("store: exporting %s: %w", tp, ErrClosed)
+	}
+	p := &PartitionState{db: db, tp: tp, prefix: partitionPrefix(tp.Topic, tp.Partition)}
+	err = db.bdb.View(func(txn *badger.Txn) error {
+		meta, hasMeta, err := get(txn, metaKey(p.prefix))
+		if err != nil {
+			return err
+		}
+		cpb, hasCP, err := get(txn, checkpointKey(p.prefix))
+		if err != nil {
+			return err
+		}
+		if importing, err := has(txn, importingKey(p.prefix)); err != nil || importing || !hasCP || !hasMeta {
+			return err // no state, or an import not finished: nothing to export
+		}
+		cp, err := decodeCheckpoint(cpb)
+		if err != nil {
+			return err
+		}
+		dropped := map[uint32]bool{}
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: append(append([]byte{}, p.prefix...), tagDropped)})
+		for it.Rewind(); it.Valid(); it.Next() {
+			k := it.Item().Key()
+			dropped[binary.BigEndian.Uint32(k[len(k)-4:])] = true
+		}
+		it.Close()
+		found = true
+		if err := header(Image{Meta: meta, Checkpoint: cp, PageBytes: db.opts.PageBytes}); err != nil {
+			return err
+		}
+		pages := append(append([]byte{}, p.prefix...), tagPage)
+		it = txn.NewIterator(badger.IteratorOptions{Prefix: pages, PrefetchValues: true, PrefetchSize: 16})
+		defer it.Close()
+		it.Rewind()
+		for it.Valid() {
+			k := it.Item().Key()
+			if len(k) < len(pages)+8 {
+				return fmt.Errorf("page entry key %x is %d bytes: %w", k, len(k), ErrCorrupt)
+			}
+			id := filter.PageID{SubFilter: binary.BigEndian.Uint32(k[len(pages):]), Page: binary.BigEndian.Uint32(k[len(pages)+4:])}
+			base := append([]byte{}, k[:len(pages)+8]...)
+			if dropped[id.SubFilter] {
+				it.Seek(subFilterPagesPrefix(p.prefix, id.SubFilter+1))
+				continue
+			}
+			data, _, _, err := p.readPageAt(it, base)
+			if err != nil {
+				if errors.Is(err, errBadEntry) {
+					err = fmt.Errorf("%s: %w: %w", fmtPageID(id), err, ErrCorrupt)
+				}
+				return err
+			}
+			if err := page(id, data); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return found, fmt.Errorf("store: exporting %s: %w", tp, err)
+	}
+	return found, nil
+}
+
+// Import replaces the whole state of p, committed or not, by an image: the
+// pages pages yields (each PageBytes long, in any order, each page once;
+// pages absent are zeros) and then img's metadata and checkpoint. The
+// replacement is atomic for readers of the store: until its last write
+// the partition's state is marked as being imported, and a PartitionState
+// opened on a marked state (a crash in the middle) deletes it and starts
+// with no state; Export skips it. p's cached and dirty pages are dropped.
+//
+// An error from pages ends the import without its last write: p then has
+// no state (Checkpoint reports none) and the marker stays until the next
+// Import or open deletes it. ErrReadOnly on a read-only DB; an image of
+// another page size is refused (ErrCorrupt, wrapped) before anything is
+// written. Like every PartitionState method, Import is not safe for
+// concurrent use with p's other methods.
+func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID, data []byte) error) error) error {
+	if p.db.opts.ReadOnly {
+		return fmt.Errorf("store: importing %s: %w", p.tp, ErrReadOnly)
+	}
+	if img.PageBytes != p.db.opts.PageBytes {
+		return fmt.Errorf("store: importing %s: image of %d-byte pages into a store of %d-byte pages: %w", p.tp, img.PageBytes, p.db.opts.PageBytes, ErrCorrupt)
+	}
+	if err := p.db.checkFreeSpace(); err != nil {
+		return fmt.Errorf("store: importing %s: %w", p.tp, err)
+	}
+	p.Discard()
+	p.meta, p.cp, p.hasCP = nil, Checkpoint{}, false
+	p.reclaim, p.obsolete, p.consolidated = nil, nil, false
+	if err := p.db.bdb.Update(func(txn *badger.Txn) error {
+		if err := txn.Set(importingKey(p.prefix), nil); err != nil {
+			return err
+		}
+		if err := txn.Delete(metaKey(p.prefix)); err != nil {
+			return err
+		}
+		return txn.Delete(checkpointKey(p.prefix))
+	}); err != nil {
+		return fmt.Errorf("store: importing %s: marking the import: %w", p.tp, err)
+	}
+	if err := p.deleteImported(); err != nil {
+		return fmt.Errorf("store: importing %s: deleting the state it replaces: %w", p.tp, err)
+	}
+	wb := p.db.bdb.NewWriteBatch()
+	defer wb.Cancel()
+	pb := p.db.opts.PageBytes
+	err := pages(func(id filter.PageID, data []byte) error {
+		if len(data) != pb {
+			return fmt.Errorf("%s is %d bytes, want %d: %w", fmtPageID(id), len(data), pb, ErrCorrupt)
+		}
+		v := make([]byte, pageBaseHeader+pb) // base sequence 0: no delta folded in
+		copy(v[pageBaseHeader:], data)
+		return wb.Set(pageKey(p.prefix, id), v)
+	})
+	if err == nil {
+		err = wb.Flush()
+	}
+	if err != nil {
+		return fmt.Errorf("store: importing %s: %w", p.tp, err)
+	}
+	if err := p.db.bdb.Update(func(txn *badger.Txn) error {
+		if err := txn.Set(metaKey(p.prefix), img.Meta); err != nil {
+			return err
+		}
+		if err := txn.Set(checkpointKey(p.prefix), encodeCheckpoint(img.Checkpoint)); err != nil {
+			return err
+		}
+		return txn.Delete(importingKey(p.prefix))
+	}); err != nil {
+		return fmt.Errorf("store: importing %s: committing the image: %w", p.tp, err)
+	}
+	p.meta, p.cp, p.hasCP = append([]byte{}, img.Meta...), img.Checkpoint, true
+	return nil
+}
+
+// deleteImported deletes every key of p's partition but the import marker:
+// pages, deltas and dropped-sub-filter markers of the state an import
+// replaces, or of an import a crash cut short. Deletes go through a
+// WriteBatch, not Badger's DropPrefix, which would block every partition's
+// write batches while it runs.
+func (p *PartitionState) deleteImported() error {
+	wb := p.db.bdb.NewWriteBatch()
+	defer wb.Cancel()
+	marker := importingKey(p.prefix)
+	err := p.db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: p.prefix})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			k := it.Item().KeyCopy(nil)
+			if string(k) == string(marker) {
+				continue
+			}
+			if err := wb.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return wb.Flush()
+}
+
+// finishInterruptedImport deletes the state of an import a crash cut
+// short (its marker is set) and then the marker, leaving no state.
+func (p *PartitionState) finishInterruptedImport() error {
+	if err := p.deleteImported(); err != nil {
+		return err
+	}
+	return p.db.bdb.Update(func(txn *badger.Txn) error { return txn.Delete(importingKey(p.prefix)) })
+}
+
+func importingKey(prefix []byte) []byte {
+	return append(append(make([]byte, 0, len(prefix)+1), prefix...), tagImporting)
+}
+
+func has(txn *badger.Txn, key []byte) (bool, error) {
+	_, err := txn.Get(key)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
