@@ -1,0 +1,347 @@
+package snapshot
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/url"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gocloud.dev/blob"
+	_ "gocloud.dev/blob/azureblob" // azblob:// URLs
+	_ "gocloud.dev/blob/fileblob"  // file:// URLs
+	_ "gocloud.dev/blob/gcsblob"   // gs:// URLs
+	_ "gocloud.dev/blob/s3blob"    // s3:// URLs
+	"gocloud.dev/gcerrors"
+
+	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/store"
+)
+
+// ErrNoState is returned by Store.Put for a topic-partition without state
+// to snapshot.
+var ErrNoState = errors.New("snapshot: no state to snapshot")
+
+// Store keeps snapshots of topic-partitions in an object store (a bucket
+// and key prefix), through gocloud.dev/blob: S3 and S3-compatible
+// servers, Google Cloud Storage, Azure Blob Storage, or a directory.
+//
+// Objects are immutable and named uniquely. A snapshot is a data object
+// (the partition's state, see format.go) and a manifest, written after the
+// data object and only if no object of its name exists: a snapshot whose
+// manifest is absent does not exist, so a writer killed in the middle of
+// an upload leaves an object no manifest names, deleted by Prune once
+// older than its grace period. Keys, under the prefix:
+//
+//	<topic>/<partition>/manifest/<offset, 20 digits>-<id>.json
+//	<topic>/<partition>/data/<offset, 20 digits>-<id>.kds
+//
+// Safe for concurrent use; two workers may write snapshots of the same
+// topic-partition at once (as during a rebalance) without either deleting
+// what the other's manifests name.
+type Store struct {
+	b *blob.Bucket
+	// where names the store in errors and logs: the URL without its query
+	// (which may carry an endpoint, never a credential, but is long).
+	where string
+}
+
+// Open opens the store at rawURL: s3://bucket/prefix?region=...&endpoint=...
+// (S3 and S3-compatible servers; credentials from the AWS SDK's usual
+// sources: environment, shared files, instance or pod identity),
+// gs://bucket/prefix (Application Default Credentials), azblob://container/prefix
+// (AZURE_STORAGE_ACCOUNT and the Azure SDK's credential chain), or
+// file:///path for a directory (a shared volume; created if absent). The URL's path below the bucket is
+// the key prefix. Query parameters are those of gocloud.dev's drivers.
+func Open(ctx context.Context, rawURL string) (*Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: parsing the store URL: %w", err)
+	}
+	where := u.Scheme + "://" + u.Host + u.Path
+	prefix := ""
+	if u.Scheme == "file" {
+		q := u.Query()
+		if q.Get("create_dir") == "" {
+			q.Set("create_dir", "true")
+		}
+		u.RawQuery = q.Encode()
+	} else {
+		prefix = strings.Trim(u.Path, "/")
+		u.Path = ""
+	}
+	b, err := blob.OpenBucket(ctx, u.String())
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: opening %s: %w", where, err)
+	}
+	if prefix != "" {
+		b = blob.PrefixedBucket(b, prefix+"/")
+	}
+	return &Store{b: b, where: where}, nil
+}
+
+// NewStore returns a Store over b (closed by Store.Close), named where in
+// errors.
+func NewStore(b *blob.Bucket, where string) *Store { return &Store{b: b, where: where} }
+
+// String returns the store's URL without its query.
+func (s *Store) String() string { return s.where }
+
+// Close closes the bucket.
+func (s *Store) Close() error { return s.b.Close() }
+
+// Manifest describes one snapshot; it is stored as JSON.
+type Manifest struct {
+	Format      int       `json:"format"`
+	Topic       string    `json:"topic"`
+	Partition   int32     `json:"partition"`
+	Offset      int64     `json:"offset"`
+	LeaderEpoch int32     `json:"leader_epoch"`
+	Created     time.Time `json:"created"`
+	// Object is the data object's key, Bytes its size and SHA256 the hex
+	// SHA-256 of its bytes.
+	Object string `json:"object"`
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"`
+	// Pages is the pages in the object; PageBytes their size.
+	Pages     int64 `json:"pages"`
+	PageBytes int   `json:"page_bytes"`
+
+	key string
+}
+
+// TopicPartition is the snapshot's topic-partition.
+func (m Manifest) TopicPartition() store.TopicPartition {
+	return store.TopicPartition{Topic: m.Topic, Partition: m.Partition}
+}
+
+// Checkpoint is the offset the snapshot's state reflects.
+func (m Manifest) Checkpoint() store.Checkpoint {
+	return store.Checkpoint{Offset: m.Offset, LeaderEpoch: m.LeaderEpoch}
+}
+
+// Key is the manifest's object key in its store.
+func (m Manifest) Key() string { return m.key }
+
+// StateBytes is the pages' size before compression.
+func (m Manifest) StateBytes() int64 { return m.Pages * int64(m.PageBytes) }
+
+func dir(tp store.TopicPartition) string {
+	return tp.Topic + "/" + strconv.Itoa(int(tp.Partition)) + "/"
+}
+
+// Source reads a topic-partition's state: store.DB.Export for one
+// topic-partition.
+type Source func(header func(store.Image) error, page func(filter.PageID, []byte) error) (found bool, err error)
+
+// Put uploads a snapshot of tp read from src: the data object, streamed
+// as src reads it, then the manifest, created only if absent. It returns
+// the manifest written; ErrNoState (wrapped) when src finds no state; an
+// error of src or of the store otherwise, after which no manifest names
+// what was uploaded.
+func (s *Store) Put(ctx context.Context, tp store.TopicPartition, src Source) (Manifest, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // a writer whose context is cancelled aborts its upload
+	id := newID()
+	m := Manifest{Format: FormatVersion, Topic: tp.Topic, Partition: tp.Partition}
+	var (
+		w   *blob.Writer
+		h   hash.Hash
+		n   *countingWriter
+		enc *encoder
+	)
+	found, err := src(func(img store.Image) error {
+		m.Offset, m.LeaderEpoch, m.PageBytes = img.Checkpoint.Offset, img.Checkpoint.LeaderEpoch, img.PageBytes
+		m.Object = dir(tp) + "data/" + fmt.Sprintf("%020d-%s.kds", m.Offset, id)
+		var err error
+		if w, err = s.b.NewWriter(ctx, m.Object, &blob.WriterOptions{ContentType: "application/octet-stream"}); err != nil {
+			return err
+		}
+		h = sha256.New()
+		n = &countingWriter{w: io.MultiWriter(w, h)}
+		if enc, err = newEncoder(n); err != nil {
+			return err
+		}
+		return enc.header(tp, img)
+	}, func(pid filter.PageID, data []byte) error {
+		return enc.page(pid, data)
+	})
+	if err == nil && !found {
+		err = ErrNoState
+	}
+	if err == nil {
+		err = enc.close()
+	}
+	if err != nil {
+		cancel()
+		if w != nil {
+			_ = w.Close()
+		}
+		return Manifest{}, fmt.Errorf("snapshot: uploading %s to %s: %w", tp, s.where, err)
+	}
+	if err := w.Close(); err != nil {
+		return Manifest{}, fmt.Errorf("snapshot: uploading %s to %s: %w", tp, s.where, err)
+	}
+	m.Bytes, m.SHA256, m.Pages, m.Created = n.n, hex.EncodeToString(h.Sum(nil)), int64(enc.pages), time.Now().UTC()
+	body, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return Manifest{}, err
+	}
+	m.key = dir(tp) + "manifest/" + fmt.Sprintf("%020d-%s.json", m.Offset, id)
+	if err := s.b.WriteAll(ctx, m.key, body, &blob.WriterOptions{ContentType: "application/json", IfNotExist: true}); err != nil {
+		return Manifest{}, fmt.Errorf("snapshot: writing the manifest of %s to %s: %w", tp, s.where, err)
+	}
+	return m, nil
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// newID is unique across writers: the time and 48 random bits.
+func newID() string {
+	var r [6]byte
+	_, _ = rand.Read(r[:])
+	return strconv.FormatInt(time.Now().UnixNano(), 36) + hex.EncodeToString(r[:])
+}
+
+// List returns the manifests of tp, newest first (highest offset, then
+// latest created). A manifest that cannot be read or parsed is skipped and
+// reported in skipped (the caller logs them); err is for a store that
+// cannot be listed.
+func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifest, skipped []error, err error) {
+	it := s.b.List(&blob.ListOptions{Prefix: dir(tp) + "manifest/"})
+	for {
+		obj, err := it.Next(ctx)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
+		}
+		if obj.IsDir || !strings.HasSuffix(obj.Key, ".json") {
+			continue
+		}
+		body, err := s.b.ReadAll(ctx, obj.Key)
+		if err != nil {
+			if gcerrors.Code(err) == gcerrors.NotFound {
+				continue // deleted since the listing
+			}
+			skipped = append(skipped, fmt.Errorf("reading %s: %w", obj.Key, err))
+			continue
+		}
+		var m Manifest
+		if err := json.Unmarshal(body, &m); err != nil {
+			skipped = append(skipped, fmt.Errorf("%w: manifest %s: %w", ErrCorrupt, obj.Key, err))
+			continue
+		}
+		if m.Format != FormatVersion || m.TopicPartition() != tp || !strings.HasPrefix(m.Object, dir(tp)+"data/") {
+			skipped = append(skipped, fmt.Errorf("%w: manifest %s: format %d of %s, want format %d of %s", ErrCorrupt, obj.Key, m.Format, m.TopicPartition(), FormatVersion, tp))
+			continue
+		}
+		m.key = obj.Key
+		ms = append(ms, m)
+	}
+	slices.SortFunc(ms, func(a, b Manifest) int {
+		if a.Offset != b.Offset {
+			return cmpInt(b.Offset, a.Offset)
+		}
+		return b.Created.Compare(a.Created)
+	})
+	return ms, skipped, nil
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Load reads the snapshot m names and hands it to into: img is the
+// snapshot's metadata and checkpoint, and pages calls put with every page,
+// then checks the object against the manifest (size, SHA-256, structure)
+// and returns ErrCorrupt (wrapped) if it is not exactly that. into must
+// not make the state durable before pages returns nil
+// (store.PartitionState.Import). A missing object is ErrCorrupt too: the
+// snapshot is unusable. into's error is returned as is.
+func (s *Store) Load(ctx context.Context, m Manifest, into func(img store.Image, pages func(put func(filter.PageID, []byte) error) error) error) error {
+	r, err := s.b.NewReader(ctx, m.Object, nil)
+	if err != nil {
+		if gcerrors.Code(err) == gcerrors.NotFound {
+			return fmt.Errorf("%w: %s: data object missing: %w", ErrCorrupt, m.Object, err)
+		}
+		return fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
+	}
+	defer r.Close()
+	d, err := newDecoder(r, m)
+	if err != nil {
+		return err
+	}
+	defer d.close()
+	return into(d.img, d.pages)
+}
+
+// Prune deletes the manifests of tp beyond the newest keep and their data
+// objects, then the data objects of tp that no manifest names and that were last
+// modified more than grace ago (an object younger than that may belong to
+// an upload whose manifest is not written yet, by this worker or another).
+// It returns the objects deleted.
+func (s *Store) Prune(ctx context.Context, tp store.TopicPartition, keep int, grace time.Duration) (deleted int, err error) {
+	ms, _, err := s.List(ctx, tp)
+	if err != nil {
+		return 0, err
+	}
+	named := map[string]bool{}
+	for i, m := range ms {
+		if i < keep {
+			named[m.Object] = true
+			continue
+		}
+		// The manifest first: a snapshot without its manifest does not
+		// exist, and then nothing names its object.
+		for _, key := range []string{m.key, m.Object} {
+			if err := s.b.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+				return deleted, fmt.Errorf("snapshot: deleting %s from %s: %w", key, s.where, err)
+			}
+			deleted++
+		}
+	}
+	it := s.b.List(&blob.ListOptions{Prefix: dir(tp) + "data/"})
+	for {
+		obj, err := it.Next(ctx)
+		if err == io.EOF {
+			return deleted, nil
+		}
+		if err != nil {
+			return deleted, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
+		}
+		if named[obj.Key] || obj.IsDir || time.Since(obj.ModTime) < grace || path.Ext(obj.Key) != ".kds" {
+			continue
+		}
+		if err := s.b.Delete(ctx, obj.Key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+			return deleted, fmt.Errorf("snapshot: deleting %s from %s: %w", obj.Key, s.where, err)
+		}
+		deleted++
+	}
+}
