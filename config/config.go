@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"reflect"
 	"slices"
@@ -83,6 +84,11 @@ type Config struct {
 	CacheBytes    ByteSize      `env:"CACHE_BYTES" envDefault:"0" doc:"Memory for cached filter pages, shared by all partitions, at least 16*PAGE_BYTES; 0 takes the cache's share of MEMORY_BYTES (what is left after the other parts); a value larger than that share is used as given and logged as a warning, since resident memory may then pass MEMORY_BYTES"`
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s" doc:"Longest time a changed page stays unwritten, 10ms to 1h"`
 	FlushBytes    ByteSize      `env:"FLUSH_BYTES" envDefault:"8MiB" doc:"Changed bytes that start a flush before FLUSH_INTERVAL ends, PAGE_BYTES to 128MiB, and at most what one Badger transaction holds (about 99MiB with 512B pages, 120MiB with 1KiB pages: one write batch is one transaction); dirty pages of all partitions are bounded together by MEMORY_BYTES, and Badger's memtables grow with this"`
+
+	// Snapshots in object storage.
+	SnapshotURL      string        `env:"SNAPSHOT_URL" envDefault:"" doc:"Object store for snapshots of each partition's state, from which a partition moved to a worker without its state restores, replaying only the input after the snapshot: s3://bucket/prefix?region=R (and &endpoint=URL&use_path_style=true for S3-compatible servers), gs://bucket/prefix, azblob://container/prefix, or file:///path (a shared volume); credentials come from the cloud SDK's usual sources (environment, files, pod identity), never from this URL; empty disables snapshots"`
+	SnapshotInterval time.Duration `env:"SNAPSHOT_INTERVAL" envDefault:"1m" doc:"How often each partition's state is snapshotted while it changes, 1s to 24h; also when a partition is revoked and at shutdown"`
+	SnapshotKeep     int           `env:"SNAPSHOT_KEEP" envDefault:"3" doc:"Snapshots kept per partition, newest first, 1 to 1000; older ones are deleted after each upload"`
 
 	// Operations.
 	HTTPAddr  string `env:"HTTP_ADDR" envDefault:":8080" doc:"HTTP listen address for metrics and health probes, host:port; port 0 picks a free port"`
@@ -465,6 +471,23 @@ func (c Config) Validate() error {
 	} else if most := ByteSize(store.MaxFlushBytes(int(c.PageBytes))); pageOK && c.FlushBytes > most {
 		v.add("FlushBytes", c.FlushBytes, fmt.Sprintf("must be at most %v with PAGE_BYTES=%v: one write batch is one Badger transaction, at most 15%% of a memtable of 1GiB, and smaller pages weigh more per byte (keys)",
 			most.FloorMiB(), c.PageBytes))
+	}
+
+	// Snapshots.
+	if c.SnapshotURL != "" {
+		if u, err := url.Parse(c.SnapshotURL); err != nil {
+			v.add("SnapshotURL", c.SnapshotURL, "must be a URL: "+err.Error())
+		} else if !slices.Contains([]string{"s3", "gs", "azblob", "file"}, u.Scheme) {
+			v.add("SnapshotURL", c.SnapshotURL, "must start with s3://, gs://, azblob:// or file://")
+		} else if u.User != nil {
+			v.add("SnapshotURL", u.Redacted(), "must not hold credentials: the store's SDK reads them from its usual sources (environment, files, pod identity)")
+		}
+	}
+	if c.SnapshotInterval < time.Second || c.SnapshotInterval > 24*time.Hour {
+		v.add("SnapshotInterval", c.SnapshotInterval, "must be from 1s to 24h")
+	}
+	if c.SnapshotKeep < 1 || c.SnapshotKeep > 1000 {
+		v.add("SnapshotKeep", c.SnapshotKeep, "must be from 1 to 1000")
 	}
 
 	// Operations.

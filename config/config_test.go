@@ -83,6 +83,8 @@ func TestLoadDefaults(t *testing.T) {
 		FlushInterval:       time.Second,
 		TransactionInterval: 100 * time.Millisecond,
 		FlushBytes:          8 << 20,
+		SnapshotInterval:    time.Minute,
+		SnapshotKeep:        3,
 		MaxDecompressBytes:  64 << 20,
 		HTTPAddr:            ":8080",
 		LogLevel:            "info",
@@ -151,6 +153,8 @@ func TestLoadValid(t *testing.T) {
 		{"cache exactly 16 pages", []string{"KDEDUP_PAGE_BYTES", "64KiB", "KDEDUP_CACHE_BYTES", "1MiB"}, func(c Config) bool { return c.CacheBytes == MiB }},
 		{"flush bytes max", []string{"KDEDUP_FLUSH_BYTES", "128 MiB"}, func(c Config) bool { return c.FlushBytes == 128*MiB }},
 		{"flush interval min", []string{"KDEDUP_FLUSH_INTERVAL", "10ms"}, func(c Config) bool { return c.FlushInterval == 10*time.Millisecond }},
+		{"snapshot s3", []string{"KDEDUP_SNAPSHOT_URL", "s3://bucket/kdedup?region=eu-west-1&endpoint=http://127.0.0.1:9000&use_path_style=true"}, func(c Config) bool { return strings.HasPrefix(c.SnapshotURL, "s3://bucket/") }},
+		{"snapshot file", []string{"KDEDUP_SNAPSHOT_URL", "file:///snapshots", "KDEDUP_SNAPSHOT_INTERVAL", "1s", "KDEDUP_SNAPSHOT_KEEP", "1"}, func(c Config) bool { return c.SnapshotInterval == time.Second && c.SnapshotKeep == 1 }},
 		{"delete header", []string{"KDEDUP_DELETE_HEADER", "op=delete"}, func(c Config) bool {
 			n, v, ok := c.DeleteHeaderNameValue()
 			return ok && n == "op" && v == "delete"
@@ -282,6 +286,12 @@ func TestLoadRejects(t *testing.T) {
 		{"cache below 16 pages", "KDEDUP_CACHE_BYTES", "63KiB"},
 		{"flush interval low", "KDEDUP_FLUSH_INTERVAL", "9ms"},
 		{"flush interval high", "KDEDUP_FLUSH_INTERVAL", "61m"},
+		{"snapshot scheme", "KDEDUP_SNAPSHOT_URL", "http://bucket/prefix"},
+		{"snapshot credentials", "KDEDUP_SNAPSHOT_URL", "s3://key:secret@bucket/prefix"},
+		{"snapshot interval low", "KDEDUP_SNAPSHOT_INTERVAL", "999ms"},
+		{"snapshot interval high", "KDEDUP_SNAPSHOT_INTERVAL", "25h"},
+		{"snapshot keep 0", "KDEDUP_SNAPSHOT_KEEP", "0"},
+		{"snapshot keep high", "KDEDUP_SNAPSHOT_KEEP", "1001"},
 		{"flush bytes below page", "KDEDUP_FLUSH_BYTES", "2KiB"},
 		{"flush bytes high", "KDEDUP_FLUSH_BYTES", "129MiB"},
 		{"http no port", "KDEDUP_HTTP_ADDR", "localhost"},

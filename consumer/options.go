@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/dedup"
+	"github.com/kdedup/kdedup/snapshot"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -139,6 +140,19 @@ type Options struct {
 	// (dedup.Options.Staged) with ExactlyOnce and must not without: New
 	// returns ErrStaging otherwise.
 	Dedup *dedup.Opener
+	// Snapshots, when not nil, is where the worker keeps snapshots of its
+	// partitions' state, and where a partition without usable local state
+	// restores from before replaying only the input after the snapshot
+	// (snapshot.go). Nil: state is only local, and a partition moved to a
+	// worker without it replays its input from the start of retention.
+	Snapshots *snapshot.Store
+	// SnapshotInterval is how often each partition's state is snapshotted
+	// while it changes (default DefaultSnapshotInterval); it is also
+	// snapshotted when revoked and at shutdown.
+	SnapshotInterval time.Duration
+	// SnapshotKeep is how many snapshots of each partition the store
+	// keeps, newest first (default 3); older ones are deleted.
+	SnapshotKeep int
 	// Logger receives the worker's and franz-go's logs (default
 	// slog.Default()).
 	Logger *slog.Logger
@@ -189,6 +203,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.SnapshotInterval == 0 {
+		o.SnapshotInterval = DefaultSnapshotInterval
+	}
+	if o.SnapshotKeep == 0 {
+		o.SnapshotKeep = 3
 	}
 	return o
 }

@@ -87,6 +87,16 @@ type partitionWorker struct {
 	cancelRestore context.CancelFunc
 	restoreDone   chan struct{}
 
+	// Snapshots (snapshot.go): the restore the plan chose (set before the
+	// restore goroutine starts, read by it only); the checkpoint offset of
+	// the last write batch (-1: none), and the offset and time of the
+	// last snapshot uploaded or restored (-1: none since the assignment),
+	// read by the snapshotter.
+	snapPlan   *snapshotPlan
+	committed  atomic.Int64
+	snapOffset atomic.Int64
+	snapAt     atomic.Int64 // Unix nanoseconds
+
 	// For the lag and replay metrics, read at scrape time: the high
 	// watermark of the latest fetch and the next offset to decide (-1:
 	// unknown), and the offsets left to replay.
@@ -105,6 +115,9 @@ func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Ded
 	pw.lastActive = pw.lastFlush
 	pw.highWatermark.Store(-1)
 	pw.nextOffset.Store(-1)
+	pw.committed.Store(-1)
+	pw.snapOffset.Store(-1)
+	pw.snapAt.Store(pw.lastFlush.UnixNano()) // the first snapshot an interval after the assignment
 	if cp, ok := d.Checkpoint(); ok {
 		pw.setCheckpoint(cp)
 	}
@@ -117,6 +130,7 @@ func (pw *partitionWorker) setCheckpoint(cp store.Checkpoint) {
 	pw.next, pw.stableNext, pw.flushed = cp, cp, cp
 	pw.stableDecided, pw.flushedDecided = pw.decided, pw.decided
 	pw.nextOffset.Store(cp.Offset)
+	pw.committed.Store(cp.Offset)
 }
 
 // groupBehind records that the group's committed offset, group, is behind
@@ -354,6 +368,7 @@ func (pw *partitionWorker) commitBatch(cp store.Checkpoint, decided int64) error
 	pw.w.m.batchRecords.Observe(float64(decided - pw.flushedDecided))
 	pw.w.m.batchBytes.Observe(float64(dirty))
 	pw.flushed, pw.flushedDecided = cp, decided
+	pw.committed.Store(cp.Offset)
 	return nil
 }
 

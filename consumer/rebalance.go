@@ -131,6 +131,7 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 	from := int64(-1)
 	switch {
 	case ok && (group < 0 || cp.Offset >= group):
+		w.countRestore("local")
 		if cp.Offset != group {
 			w.log.Info("resuming from the local checkpoint", "topic", topic, "partition", p, "offset", cp.Offset, "group_offset", group)
 		}
@@ -153,12 +154,25 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 	case ok:
 		from = cp.Offset
 	case w.opts.RebuildEmpty:
+		if snap := w.planSnapshot(ctx, pw, -1, group, false); snap != nil {
+			snap.rebuildEmpty = true
+			pw.snapPlan, from = snap, snap.candidates[0].Offset
+			break
+		}
+		w.countRestore("replay")
 		w.log.Info("no local state: starting with an empty filter (KDEDUP_REBUILD=empty)", "topic", topic, "partition", p, "group_offset", group)
 		return w.clampGroup(pw, o, logStart), nil
 	default:
 		var err error
 		if from, err = w.windowStart(ctx, adm, topic, p, group); err != nil {
 			return o, err
+		}
+	}
+	if pw.snapPlan == nil && from < group {
+		if snap := w.planSnapshot(ctx, pw, from, group, ok); snap != nil {
+			pw.snapPlan, from = snap, snap.candidates[0].Offset
+		} else {
+			w.countRestore("replay")
 		}
 	}
 	if lsErr != nil {
@@ -172,9 +186,10 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 			"topic", topic, "partition", p, "lost_from", from, "lost_to", min(logStart, group))
 		from = logStart
 	}
-	if from < group {
+	if from < group || pw.snapPlan != nil {
 		// The group client starts at the group's offset (o, unchanged)
-		// but fetches nothing until the replay has caught up.
+		// but fetches nothing until the replay (after the snapshot's
+		// restore, if any) has caught up.
 		cl.PauseFetchPartitions(map[string][]int32{topic: {p}})
 		pw.startReplay(cl, from, group, partial)
 	}
@@ -367,6 +382,9 @@ func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) int {
 		<-pw.done
 		w.m.assigned.Dec()
 		w.log.Info("partition released", "topic", pw.topic, "partition", pw.partition, "lost", abort)
+	}
+	if w.snaps != nil && !abort {
+		w.snaps.final(stopping)
 	}
 	return len(stopping)
 }

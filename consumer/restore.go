@@ -87,7 +87,32 @@ func (pw *partitionWorker) stopReplay(abort bool) {
 func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFunc, done chan struct{}, group *kgo.Client, from, until int64, partial bool) {
 	defer close(done)
 	defer cancel()
-	replayed, stopped, err := pw.replayRange(ctx, from, until, partial)
+	if plan := pw.snapPlan; plan != nil {
+		pw.snapPlan = nil
+		var stopped bool
+		var err error
+		if from, partial, stopped, err = pw.restoreSnapshot(ctx, group, plan, until, partial); err != nil || stopped {
+			pw.endReplay(false, 0)
+			if err != nil {
+				pw.fail(err)
+			} else {
+				pw.w.log.Info("restore from a snapshot stopped", "topic", pw.topic, "partition", pw.partition)
+			}
+			return
+		}
+		pw.replayMu.Lock()
+		pw.replay.from = from
+		pw.replayMu.Unlock()
+		pw.replayLeft.Store(max(0, until-from))
+	}
+	var (
+		replayed int64
+		stopped  bool
+		err      error
+	)
+	if from < until {
+		replayed, stopped, err = pw.replayRange(ctx, from, until, partial)
+	}
 	pw.endReplay(!stopped && err == nil, replayed)
 	switch {
 	case err != nil:

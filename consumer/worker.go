@@ -92,6 +92,11 @@ type Worker struct {
 	txnBatchBytes map[string]int
 	// At least once: the producer of records that fit only compressed.
 	large largeProducer
+	// snaps uploads and restores snapshots (nil: Options.Snapshots is
+	// nil); stopSnaps ends its loop and snapsDone is closed when it has.
+	snaps     *snapshotter
+	stopSnaps context.CancelFunc
+	snapsDone chan struct{}
 }
 
 // New checks opts and returns a Worker; it does not connect yet.
@@ -111,6 +116,9 @@ func New(opts Options) (*Worker, error) {
 	w.txnBatchBytes = map[string]int{}
 	w.m = newMetrics(opts.Registerer, w)
 	w.mode = newMode(w, opts.Delivery)
+	if opts.Snapshots != nil {
+		w.snaps = newSnapshotter(w, opts.Registerer)
+	}
 	return w, nil
 }
 
@@ -147,6 +155,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.cancelPoll = cancel
 	w.mu.Unlock()
 	defer cancel()
+	if w.snaps != nil {
+		sctx, stop := context.WithCancel(ctx)
+		w.stopSnaps, w.snapsDone = stop, make(chan struct{})
+		go func() {
+			defer close(w.snapsDone)
+			w.snaps.loop(sctx)
+		}()
+		defer w.stopSnapshots()
+	}
 	for {
 		if err := w.connect(); err != nil {
 			return err
@@ -247,6 +264,7 @@ func (w *Worker) shutdown() error {
 	// before leaving: leaving hands the partitions to other members.
 	ctx, cancel := context.WithTimeout(context.Background(), w.opts.SessionTimeout)
 	defer cancel()
+	w.stopSnapshots() // an interval's upload in flight is abandoned; release uploads the last state
 	w.release()
 	w.mode.closing(ctx)
 	w.live.stamp("closing the Kafka client (leaving the group)")
@@ -262,6 +280,14 @@ func (w *Worker) shutdown() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.fatalErr
+}
+
+// stopSnapshots ends the snapshotter's loop and waits for it, once.
+func (w *Worker) stopSnapshots() {
+	if w.stopSnaps != nil {
+		w.stopSnaps()
+		<-w.snapsDone
+	}
 }
 
 // closeWait bounds how long shutdown waits for the Kafka client to close.

@@ -67,6 +67,13 @@ func (o *Opener) FlushBytes() int64 { return o.db.FlushBytes() }
 // store hold (store.DB.DirtyPageBytes). Safe for concurrent use.
 func (o *Opener) DirtyPageBytes() int64 { return o.db.DirtyPageBytes() }
 
+// Export reads the committed state of topic/partition as of one write
+// batch, whether or not it is open (store.DB.Export). Safe for
+// concurrent use.
+func (o *Opener) Export(tp store.TopicPartition, header func(store.Image) error, page func(filter.PageID, []byte) error) (found bool, err error) {
+	return o.db.Export(tp, header, page)
+}
+
 // Options returns the Options every Deduplicator of o is opened with.
 func (o *Opener) Options() Options { return o.opts }
 

@@ -345,3 +345,13 @@ func (s *Store) Prune(ctx context.Context, tp store.TopicPartition, keep int, gr
 		deleted++
 	}
 }
+
+// Probe lists one key of the store: an error means it does not answer or
+// refuses this worker's credentials.
+func (s *Store) Probe(ctx context.Context) error {
+	_, _, err := s.b.ListPage(ctx, blob.FirstPageToken, 1, nil)
+	if err != nil {
+		return fmt.Errorf("snapshot: listing %s: %w", s.where, err)
+	}
+	return nil
+}

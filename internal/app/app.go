@@ -26,6 +26,7 @@ import (
 	"github.com/kdedup/kdedup/consumer"
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/internal/budget"
+	"github.com/kdedup/kdedup/snapshot"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -118,6 +119,7 @@ type components struct {
 	db        *store.DB
 	dm        *dedup.Metrics
 	w         *consumer.Worker
+	snaps     *snapshot.Store // nil: no KDEDUP_SNAPSHOT_URL
 	srv       *http.Server
 	ln        net.Listener
 	mem       budget.Split
@@ -164,6 +166,10 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 		return nil, err
 	}
 
+	snaps, err := openSnapshots(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
 	db, err := store.Open(store.Options{
 		Dir:        cfg.DataDir,
 		PageBytes:  int(cfg.PageBytes),
@@ -172,13 +178,16 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 		Logger:     log,
 		Registerer: reg,
 	})
+	if err != nil {
+		closeSnapshots(snaps, log)
+	}
 	if errors.Is(err, store.ErrInvalidOptions) {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("opening the state in KDEDUP_DATA_DIR=%s: %w", cfg.DataDir, err)
 	}
-	c := &components{db: db, log: log}
+	c := &components{db: db, log: log, snaps: snaps}
 
 	c.dm = dedup.NewMetrics(reg)
 	opener, err := dedup.NewOpener(db, dopts, c.dm)
@@ -213,6 +222,9 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 		MaxDirtyPageBytes:   maxDirty,
 		FetchMaxBytes:       int32(mem.Fetch),
 		Dedup:               opener,
+		Snapshots:           snaps,
+		SnapshotInterval:    cfg.SnapshotInterval,
+		SnapshotKeep:        cfg.SnapshotKeep,
 		Logger:              log,
 		Registerer:          reg,
 		// The logger here replaces the one the worker gives its clients.
@@ -242,11 +254,12 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 	return c, nil
 }
 
-// closeDB closes the state, logging a failure.
+// closeDB closes the state and the snapshot store, logging a failure.
 func (c *components) closeDB() {
 	if err := c.db.Close(); err != nil {
 		c.log.Error("closing badger", "err", err)
 	}
+	closeSnapshots(c.snaps, c.log)
 }
 
 // run serves HTTP and runs the worker until ctx is canceled or the worker

@@ -1,0 +1,304 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/snapshot"
+	"github.com/kdedup/kdedup/store"
+)
+
+// Snapshots in object storage (Options.Snapshots).
+//
+// Uploads: a partition's state is snapshotted every SnapshotInterval while
+// its checkpoint moves (never twice at one checkpoint), and once more when
+// it is revoked or the worker stops, after its last write batch, so that
+// a planned move restores with nothing to replay. A snapshot is read from
+// Badger at one read timestamp (store.DB.Export), so it is one whole write
+// batch, and runs in the background: the partition goes on deciding and
+// committing while it uploads. One upload at a time per worker.
+//
+// Restores: where the plan would replay (no local state, or local state
+// behind the group's offset by more than snapshotMinSkip offsets), it
+// lists the partition's snapshots and takes the newest at or below the
+// group's committed offset (and past the local checkpoint). The restore
+// goroutine then loads it (dedup.Deduplicator.Restore: parameters checked,
+// SHA-256 checked before the state is committed) and replays only
+// [snapshot offset, group offset). A snapshot that cannot be used (damaged,
+// missing, other parameters, the store unreachable) is logged at WARN and
+// counted, and the next older is tried, then the replay the plan would
+// have run without snapshots. The group's offset never moves.
+
+// DefaultSnapshotInterval is Options.SnapshotInterval's default.
+const DefaultSnapshotInterval = time.Minute
+
+// snapshotMinSkip is the fewest offsets a snapshot must skip past a
+// partition's local checkpoint to be restored instead of replaying from
+// the checkpoint: below it a replay reads less than the download.
+const snapshotMinSkip = 100_000
+
+// snapshotFinalBudget bounds the uploads of a revocation or a shutdown
+// together: a rebalance waits for them. A partition not uploaded by then
+// is restored by its next owner from its previous snapshot and a replay.
+const snapshotFinalBudget = 30 * time.Second
+
+// snapshotter uploads snapshots of the worker's partitions. Safe for
+// concurrent use.
+type snapshotter struct {
+	w  *Worker
+	st *snapshot.Store
+	m  snapshotMetrics
+	// uploadMu serializes uploads: one at a time per worker.
+	uploadMu sync.Mutex
+}
+
+type snapshotMetrics struct {
+	uploads        *prometheus.CounterVec
+	uploadBytes    prometheus.Counter
+	uploadSeconds  prometheus.Histogram
+	restores       *prometheus.CounterVec
+	restoreSeconds prometheus.Histogram
+	restoreFailed  prometheus.Counter
+}
+
+func newSnapshotter(w *Worker, reg prometheus.Registerer) *snapshotter {
+	f := promauto.With(reg)
+	s := &snapshotter{w: w, st: w.opts.Snapshots, m: snapshotMetrics{
+		uploads: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_snapshot_uploads_total",
+			Help: "Partition snapshots uploaded to the snapshot store, by result (ok, error)."}, []string{"result"}),
+		uploadBytes: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_snapshot_upload_bytes_total",
+			Help: "Bytes of snapshot objects uploaded (compressed)."}),
+		uploadSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_snapshot_upload_seconds",
+			Help: "Time to read a partition's state and upload it as a snapshot.", Buckets: prometheus.ExponentialBuckets(0.01, 3, 10)}),
+		restores: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_partition_restores_total",
+			Help: "Partitions assigned, by where their state came from: local (the local state was used), snapshot (restored from a snapshot, then the gap replayed), replay (rebuilt or caught up by replaying input alone)."}, []string{"source"}),
+		restoreSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_snapshot_restore_seconds",
+			Help: "Time to download and load a snapshot into the local state (the gap replay after it not included).", Buckets: prometheus.ExponentialBuckets(0.01, 3, 10)}),
+		restoreFailed: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_snapshot_restore_failures_total",
+			Help: "Snapshots that could not be restored (damaged, missing, written with other parameters, or the store unreachable); an older snapshot or a replay was used instead."}),
+	}}
+	for _, r := range []string{"ok", "error"} {
+		s.m.uploads.WithLabelValues(r)
+	}
+	for _, r := range []string{"local", "snapshot", "replay"} {
+		s.m.restores.WithLabelValues(r)
+	}
+	return s
+}
+
+// loop uploads snapshots of the partitions that are due until ctx ends.
+func (s *snapshotter) loop(ctx context.Context) {
+	interval := s.w.opts.SnapshotInterval
+	t := time.NewTicker(min(max(interval/4, 10*time.Millisecond), 5*time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, pw := range s.w.partitionsSnapshot() {
+			if ctx.Err() != nil {
+				return
+			}
+			if s.due(pw, interval) {
+				s.upload(ctx, pw, "interval")
+			}
+		}
+	}
+}
+
+// due reports whether pw's state changed since its last snapshot and that
+// was at least interval ago (or it has none since its assignment, an
+// interval ago).
+func (s *snapshotter) due(pw *partitionWorker, interval time.Duration) bool {
+	if pw.failed.Load() || pw.owner() == ownerPlan {
+		return false
+	}
+	off := pw.committed.Load()
+	return off >= 0 && off != pw.snapOffset.Load() && time.Since(time.Unix(0, pw.snapAt.Load())) >= interval
+}
+
+// upload snapshots pw's committed state, then deletes the partition's
+// snapshots beyond SnapshotKeep. A failure is logged and counted; the
+// next interval tries again.
+func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why string) {
+	s.uploadMu.Lock()
+	defer s.uploadMu.Unlock()
+	if pw.committed.Load() == pw.snapOffset.Load() {
+		return // uploaded meanwhile
+	}
+	tp := store.TopicPartition{Topic: pw.topic, Partition: pw.partition}
+	start := time.Now()
+	m, err := s.st.Put(ctx, tp, func(header func(store.Image) error, page func(filter.PageID, []byte) error) (bool, error) {
+		return s.w.opts.Dedup.Export(tp, header, page)
+	})
+	switch {
+	case errors.Is(err, snapshot.ErrNoState):
+		return
+	case err != nil:
+		if ctx.Err() == nil {
+			s.m.uploads.WithLabelValues("error").Inc()
+			s.w.log.Warn("snapshot upload failed; the next one is tried in a snapshot interval", "topic", pw.topic, "partition", pw.partition, "reason", why, "err", err)
+		}
+		pw.snapAt.Store(time.Now().UnixNano())
+		return
+	}
+	d := time.Since(start)
+	pw.snapOffset.Store(m.Offset)
+	pw.snapAt.Store(start.UnixNano())
+	s.m.uploads.WithLabelValues("ok").Inc()
+	s.m.uploadBytes.Add(float64(m.Bytes))
+	s.m.uploadSeconds.Observe(d.Seconds())
+	s.w.log.Info("snapshot uploaded", "topic", pw.topic, "partition", pw.partition, "offset", m.Offset, "reason", why,
+		"bytes", m.Bytes, "state_bytes", m.StateBytes(), "duration", d.Round(time.Millisecond))
+	// Objects no manifest names are left an hour, or ten intervals: an
+	// upload in progress, maybe another worker's during a rebalance.
+	grace := max(time.Hour, 10*s.w.opts.SnapshotInterval)
+	if n, err := s.st.Prune(ctx, tp, s.w.opts.SnapshotKeep, grace); err != nil {
+		s.w.log.Warn("deleting old snapshots failed; retried after the next upload", "topic", pw.topic, "partition", pw.partition, "err", err)
+	} else if n > 0 {
+		s.w.log.Debug("old snapshots deleted", "topic", pw.topic, "partition", pw.partition, "objects", n)
+	}
+}
+
+// final uploads the stopped partitions' last state (revocation or
+// shutdown), within snapshotFinalBudget in all.
+func (s *snapshotter) final(stopped []*partitionWorker) {
+	ctx, cancel := context.WithTimeout(context.Background(), snapshotFinalBudget)
+	defer cancel()
+	for _, pw := range stopped {
+		if pw.failed.Load() || pw.owner() == ownerPlan {
+			continue // failed, or released before its start was planned: nothing changed
+		}
+		if ctx.Err() != nil {
+			s.w.log.Warn("no time left to snapshot a released partition; its next owner restores an older snapshot and replays after it", "topic", pw.topic, "partition", pw.partition, "budget", snapshotFinalBudget)
+			continue
+		}
+		s.upload(ctx, pw, "released")
+	}
+}
+
+// snapshotPlan is a partition's restore from a snapshot, planned by plan
+// and carried out by the restore goroutine (restoreSnapshot).
+type snapshotPlan struct {
+	// candidates are the usable snapshots, newest first.
+	candidates []snapshot.Manifest
+	// local is the local checkpoint, valid with hasLocal.
+	local    store.Checkpoint
+	hasLocal bool
+	// rebuildEmpty: without a snapshot the partition starts empty at
+	// the group's offset (Options.RebuildEmpty).
+	rebuildEmpty bool
+}
+
+// planSnapshot returns the snapshots pw may restore from instead of
+// replaying from `from` up to group: those at or below group and, when
+// the partition has local state at from, more than snapshotMinSkip past
+// it; nil when there is none or the store cannot be listed (logged: the
+// replay goes on as without snapshots).
+func (w *Worker) planSnapshot(ctx context.Context, pw *partitionWorker, from, group int64, hasLocal bool) *snapshotPlan {
+	s := w.snaps
+	if s == nil || group < 0 {
+		return nil
+	}
+	tp := store.TopicPartition{Topic: pw.topic, Partition: pw.partition}
+	ms, skipped, err := s.st.List(ctx, tp)
+	if err != nil {
+		s.m.restoreFailed.Inc()
+		s.w.log.Warn("cannot list the partition's snapshots; replaying instead", "topic", pw.topic, "partition", pw.partition, "err", err)
+		return nil
+	}
+	for _, e := range skipped {
+		s.w.log.Warn("snapshot manifest skipped", "topic", pw.topic, "partition", pw.partition, "err", e)
+	}
+	plan := &snapshotPlan{hasLocal: hasLocal}
+	for _, m := range ms {
+		if m.Offset > group || (hasLocal && m.Offset <= from+snapshotMinSkip) || m.Offset <= from {
+			continue
+		}
+		plan.candidates = append(plan.candidates, m)
+	}
+	if len(plan.candidates) == 0 {
+		return nil
+	}
+	if hasLocal {
+		plan.local = store.Checkpoint{Offset: from, LeaderEpoch: -1}
+	}
+	return plan
+}
+
+// countRestore counts a partition's assignment by where its state comes
+// from (kdedup_partition_restores_total), with snapshots configured.
+func (w *Worker) countRestore(source string) {
+	if w.snaps != nil {
+		w.snaps.m.restores.WithLabelValues(source).Inc()
+	}
+}
+
+// restoreSnapshot loads the newest usable snapshot of the plan into the
+// partition's state and returns where the replay goes on: the snapshot's
+// offset, or, when no snapshot could be loaded, where the plan would have
+// replayed from without snapshots (with partial telling whether input
+// it needs is gone, counted and logged here if the plan did not). It runs
+// on the restore goroutine, which owns the deduplicator. stopped: ctx
+// ended first.
+func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Client, plan *snapshotPlan, until int64, partial bool) (from int64, nowPartial, stopped bool, err error) {
+	w, s := pw.w, pw.w.snaps
+	for _, m := range plan.candidates {
+		start := time.Now()
+		err := s.st.Load(ctx, m, pw.dedup.Restore)
+		if ctx.Err() != nil {
+			return 0, partial, true, nil
+		}
+		if err == nil {
+			d := time.Since(start)
+			pw.setCheckpoint(m.Checkpoint())
+			pw.snapOffset.Store(m.Offset)
+			pw.snapAt.Store(time.Now().UnixNano())
+			s.m.restores.WithLabelValues("snapshot").Inc()
+			s.m.restoreSeconds.Observe(d.Seconds())
+			w.log.Info("restored from a snapshot; replaying the input after it", "topic", pw.topic, "partition", pw.partition,
+				"offset", m.Offset, "group_offset", until, "bytes", m.Bytes, "state_bytes", m.StateBytes(), "duration", d.Round(time.Millisecond), "snapshot", m.Key())
+			return m.Offset, partial, false, nil
+		}
+		s.m.restoreFailed.Inc()
+		w.log.Warn("snapshot unusable; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition, "snapshot", m.Key(), "offset", m.Offset, "err", err)
+	}
+	// No snapshot: where the plan would have started without them.
+	w.countRestore("replay")
+	if cp, ok := pw.dedup.Checkpoint(); ok && plan.hasLocal {
+		pw.setCheckpoint(cp) // refused before the import: the local state is intact
+		return cp.Offset, partial, false, nil
+	}
+	if plan.rebuildEmpty {
+		w.log.Info("no usable snapshot: starting with an empty filter (KDEDUP_REBUILD=empty)", "topic", pw.topic, "partition", pw.partition, "group_offset", until)
+		return until, partial, false, nil
+	}
+	adm := kadm.NewClient(group)
+	from, err = w.windowStart(ctx, adm, pw.topic, pw.partition, until)
+	if err != nil {
+		return 0, partial, ctx.Err() != nil, err
+	}
+	logStart, err := pw.listedOffset(ctx, adm.ListStartOffsets)
+	if err != nil {
+		return 0, partial, ctx.Err() != nil, err
+	}
+	if logStart > from {
+		if !partial {
+			w.m.partialRebuilds.Inc()
+			w.log.Warn("replay is partial: the input before the earliest retained offset is gone, so keys first seen there are not in the filter and deletes there are not applied",
+				"topic", pw.topic, "partition", pw.partition, "lost_from", from, "lost_to", min(logStart, until))
+		}
+		from, partial = logStart, true
+	}
+	return from, partial, false, nil
+}
