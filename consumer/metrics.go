@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -86,8 +87,8 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 // partitions as they are at scrape time, so that a partition released
 // leaves no stale series and a stalled one keeps reporting its lag.
 type partitionCollector struct {
-	w               *Worker
-	lag, replayLeft *prometheus.Desc
+	w                         *Worker
+	lag, replayLeft, snapshot *prometheus.Desc
 }
 
 func newPartitionCollector(w *Worker) partitionCollector {
@@ -100,12 +101,16 @@ func newPartitionCollector(w *Worker) partitionCollector {
 		replayLeft: prometheus.NewDesc("kdedup_replay_remaining_records",
 			"Offsets the partition still has to replay into its filter before forwarding again (0 when not replaying).",
 			tp, nil),
+		snapshot: prometheus.NewDesc("kdedup_snapshot_age_seconds",
+			"With snapshots: seconds since the partition's newest snapshot (or its assignment, if none since) while its state has changed after it; 0 when the newest snapshot holds its last write batch.",
+			tp, nil),
 	}
 }
 
 func (c partitionCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.lag
 	ch <- c.replayLeft
+	ch <- c.snapshot
 }
 
 func (c partitionCollector) Collect(ch chan<- prometheus.Metric) {
@@ -118,14 +123,21 @@ func (c partitionCollector) Collect(ch chan<- prometheus.Metric) {
 		if s.highWatermark >= 0 && s.next >= 0 {
 			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(max(0, s.highWatermark-s.next)), s.tp.Topic, p)
 		}
+		if c.w.snaps != nil {
+			age := 0.0
+			if s.committed != s.snapOffset {
+				age = time.Since(time.Unix(0, s.snapAt)).Seconds()
+			}
+			ch <- prometheus.MustNewConstMetric(c.snapshot, prometheus.GaugeValue, age, s.tp.Topic, p)
+		}
 	}
 }
 
 // partitionGauges is what the collector reports of one partition, read at
 // one scrape.
 type partitionGauges struct {
-	tp                              store.TopicPartition
-	replayLeft, highWatermark, next int64
+	tp                                                             store.TopicPartition
+	replayLeft, highWatermark, next, committed, snapOffset, snapAt int64
 }
 
 // partitionSnapshot returns the gauges of every assigned partition, read
@@ -135,7 +147,8 @@ func (w *Worker) partitionSnapshot() []partitionGauges {
 	defer w.mu.Unlock()
 	out := make([]partitionGauges, 0, len(w.parts))
 	for tp, pw := range w.parts {
-		out = append(out, partitionGauges{tp: tp, replayLeft: pw.replayLeft.Load(), highWatermark: pw.highWatermark.Load(), next: pw.nextOffset.Load()})
+		out = append(out, partitionGauges{tp: tp, replayLeft: pw.replayLeft.Load(), highWatermark: pw.highWatermark.Load(), next: pw.nextOffset.Load(),
+			committed: pw.committed.Load(), snapOffset: pw.snapOffset.Load(), snapAt: pw.snapAt.Load()})
 	}
 	return out
 }

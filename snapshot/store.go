@@ -355,3 +355,56 @@ func (s *Store) Probe(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Partitions lists the topic-partitions that have objects in the store,
+// sorted by topic, then partition.
+func (s *Store) Partitions(ctx context.Context) ([]store.TopicPartition, error) {
+	var tps []store.TopicPartition
+	topics := s.b.List(&blob.ListOptions{Delimiter: "/"})
+	for {
+		t, err := topics.Next(ctx)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("snapshot: listing %s: %w", s.where, err)
+		}
+		if !t.IsDir {
+			continue
+		}
+		parts := s.b.List(&blob.ListOptions{Prefix: t.Key, Delimiter: "/"})
+		for {
+			p, err := parts.Next(ctx)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("snapshot: listing %s: %w", s.where, err)
+			}
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimPrefix(p.Key, t.Key), "/"), 10, 32)
+			if !p.IsDir || err != nil {
+				continue // not a partition's directory
+			}
+			tps = append(tps, store.TopicPartition{Topic: strings.TrimSuffix(t.Key, "/"), Partition: int32(n)})
+		}
+	}
+	slices.SortFunc(tps, func(a, b store.TopicPartition) int {
+		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+			return c
+		}
+		return int(a.Partition) - int(b.Partition)
+	})
+	return tps, nil
+}
+
+// Verify reads the whole snapshot m names and checks it against its
+// manifest (size, SHA-256, structure), returning the image's metadata and
+// checkpoint; ErrCorrupt (wrapped) when it is not exactly the manifest's.
+func (s *Store) Verify(ctx context.Context, m Manifest) (store.Image, error) {
+	var img store.Image
+	err := s.Load(ctx, m, func(i store.Image, pages func(put func(filter.PageID, []byte) error) error) error {
+		img = i
+		return pages(func(filter.PageID, []byte) error { return nil })
+	})
+	return img, err
+}

@@ -144,6 +144,11 @@ log:
 http:
   port: 9090
   pprof: true
+snapshots:
+  url: s3://snaps/kdedup?region=eu-west-1
+  interval: 2m
+  keep: 5
+  existingSecret: snapshot-credentials
 persistence:
   mountPath: /data/kdedup
 shutdownTimeout: 100s
@@ -199,6 +204,9 @@ var allValuesEnv = map[string]string{
 	"KDEDUP_FLUSH_BYTES":          "16MiB",
 	"KDEDUP_HTTP_ADDR":            ":9090",
 	"KDEDUP_PPROF":                "true",
+	"KDEDUP_SNAPSHOT_URL":         "s3://snaps/kdedup?region=eu-west-1",
+	"KDEDUP_SNAPSHOT_INTERVAL":    "2m",
+	"KDEDUP_SNAPSHOT_KEEP":        "5",
 	"KDEDUP_LOG_LEVEL":            "debug",
 	"KDEDUP_LOG_FORMAT":           "text",
 	"KDEDUP_SHUTDOWN_TIMEOUT":     "100s",
@@ -260,6 +268,12 @@ func TestChartEveryVariable(t *testing.T) {
 		if strings.HasPrefix(name, config.Prefix) && !slices.ContainsFunc((config.Config{}).Table(), func(r [3]string) bool { return r[0] == name }) {
 			t.Errorf("env sets %s, which kdedup does not read", name)
 		}
+	}
+
+	if !slices.ContainsFunc(c.EnvFrom, func(e corev1.EnvFromSource) bool {
+		return e.SecretRef != nil && e.SecretRef.Name == "snapshot-credentials"
+	}) {
+		t.Errorf("envFrom %+v lacks snapshots.existingSecret", c.EnvFrom)
 	}
 
 	cfg := loadEnv(t, c)

@@ -38,7 +38,7 @@ func TestDashboardMetrics(t *testing.T) {
 	exported := map[string]dto.MetricType{}
 	for _, c := range metricConfigs {
 		p := newPipeline(t, 2)
-		c.setup(p)
+		c.setup(t, p)
 		mfs, w := p.gatherRunning(t, c.input())
 		for _, mf := range mfs {
 			exported[mf.GetName()] = mf.GetType()

@@ -19,16 +19,17 @@ import (
 // with a window, the target rate only when widths derive from it).
 type metricConfig struct {
 	name  string
-	setup func(p *pipeline)
+	setup func(t *testing.T, p *pipeline)
 	input func() []*kgo.Record
 }
 
 var metricConfigs = []metricConfig{
-	{name: "at-least-once", setup: func(*pipeline) {}, input: func() []*kgo.Record { return stream(1) }},
-	{name: "exactly-once-window-target-fpr", setup: func(p *pipeline) {
+	{name: "at-least-once", setup: func(*testing.T, *pipeline) {}, input: func() []*kgo.Record { return stream(1) }},
+	{name: "exactly-once-window-target-fpr-snapshots", setup: func(t *testing.T, p *pipeline) {
 		p.delivery = "exactly-once"
 		p.window = scenario.ExpectOptions{Window: 6 * time.Second, Generations: 3, Refresh: true}
 		p.extraEnv = map[string]string{"KDEDUP_FINGERPRINT_BITS": "0"} // widths from KDEDUP_TARGET_FPR
+		p.withSnapshots(t)
 	}, input: func() []*kgo.Record { return windowStream(5)[:3000] }},
 }
 
@@ -69,7 +70,7 @@ func TestMetricsPromlint(t *testing.T) {
 	for _, c := range metricConfigs {
 		t.Run(c.name, func(t *testing.T) {
 			p := newPipeline(t, 2)
-			c.setup(p)
+			c.setup(t, p)
 			recs := c.input()
 			mfs, _ := p.gatherRunning(t, recs)
 			problems, err := promlint.NewWithMetricFamilies(mfs).Lint()

@@ -11,19 +11,28 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kdedup/kdedup/internal/s3test"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
-// withSnapshots has the pipeline's workers keep snapshots in a directory
-// store (file://), returned.
+// withSnapshots has the pipeline's workers keep snapshots every second
+// in an object store: an S3-compatible server on loopback with
+// KDEDUP_TEST_S3=versitygw (internal/s3test, as CI runs), else a
+// directory (file://). It returns the directory holding the objects, one
+// file per object key in both cases.
 func (p *pipeline) withSnapshots(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
 	if p.extraEnv == nil {
 		p.extraEnv = map[string]string{}
 	}
-	p.extraEnv["KDEDUP_SNAPSHOT_URL"] = "file://" + dir
 	p.extraEnv["KDEDUP_SNAPSHOT_INTERVAL"] = "1s"
+	if s3test.Enabled() {
+		srv := s3test.New(t)
+		p.extraEnv["KDEDUP_SNAPSHOT_URL"] = srv.URL(p.group)
+		return filepath.Join(srv.Dir(), p.group)
+	}
+	dir := t.TempDir()
+	p.extraEnv["KDEDUP_SNAPSHOT_URL"] = "file://" + dir
 	return dir
 }
 

@@ -33,6 +33,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&o.bucketSize, "bucket-size", 0, "fingerprint slots per bucket, 2, 4 or 8; 0 for the worker's default (KDEDUP_BUCKET_SIZE)")
 	delivery := fs.String("delivery", "at-least-once", "at-least-once, exactly-once, or both (runs each on the same stream and compares records/s)")
 	fs.BoolVar(&o.verbose, "v", false, "show the worker's info logs")
+	move := fs.Bool("move", true, "then move every partition to a second worker with an empty data directory through snapshots (KDEDUP_SNAPSHOT_URL, a directory store) and check the output again")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -60,6 +61,10 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if len(modes) == 2 {
 		alo, eos := rates["at-least-once"], rates["exactly-once"]
 		fmt.Fprintf(stdout, "\nsame stream, same machine: at-least-once %.0f records/s, exactly-once %.0f records/s (%.2fx)\n", alo, eos, eos/alo)
+	}
+	if *move {
+		o.delivery = modes[len(modes)-1]
+		return runMoveDemo(ctx, o, recs, stdout, stderr)
 	}
 	return nil
 }

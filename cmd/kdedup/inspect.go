@@ -30,9 +30,12 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var sel stateFlags
 	sel.register(fs)
-	asJSON := fs.Bool("json", false, "print JSON (the shape is documented in cmd/kdedup/inspect.go, inspectReport)")
+	asJSON := fs.Bool("json", false, "print JSON (the shape is documented in cmd/kdedup/inspect.go, inspectReport, and cmd/kdedup/snapshots.go, snapshotsReport)")
+	snapURL := fs.String("snapshots", "", "list the snapshots in this object store (a KDEDUP_SNAPSHOT_URL) instead of a data directory")
+	verify := fs.Bool("verify", false, "with -snapshots: download every snapshot and check it against its manifest (size, SHA-256, structure, metadata); exit 1 if any fails")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: kdedup inspect [-data-dir DIR] [-json] [-topic T] [-partition P]
+       kdedup inspect -snapshots URL [-verify] [-json] [-topic T] [-partition P]
 
 Prints the dedup state of each topic-partition in DIR: checkpoint offset,
 filter parameters, watermark, every sub-filter (generation, pages, slots,
@@ -40,6 +43,11 @@ fingerprint width, items, load factor, estimated false-positive rate,
 bytes) and the partition's totals. DIR is opened read-only; a running
 worker holds it locked: stop the worker, or inspect a copy or snapshot (a
 worker cannot start on DIR while inspect reads it).
+
+With -snapshots, lists the snapshots of each topic-partition in the object
+store at URL, newest first (offset, time, bytes), and with -verify checks
+each one's object; the store's credentials come from the SDK's usual
+sources, as for the worker.
 
 `)
 		fs.PrintDefaults()
@@ -52,6 +60,12 @@ worker cannot start on DIR while inspect reads it).
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: inspect takes no arguments, got %q", errUsage, fs.Args())
+	}
+	if *snapURL != "" {
+		return inspectSnapshots(*snapURL, sel, *verify, *asJSON, stdout)
+	}
+	if *verify {
+		return fmt.Errorf("%w: -verify needs -snapshots", errUsage)
 	}
 	db, err := openState(sel.dir, stderr)
 	if err != nil {

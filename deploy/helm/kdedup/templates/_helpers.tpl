@@ -213,6 +213,9 @@ is set, in the order of `kdedup run -h`, then extraEnv.
   (list "KDEDUP_CACHE_BYTES" $s.cacheBytes)
   (list "KDEDUP_FLUSH_INTERVAL" $s.flushInterval)
   (list "KDEDUP_FLUSH_BYTES" $s.flushBytes)
+  (list "KDEDUP_SNAPSHOT_URL" .Values.snapshots.url)
+  (list "KDEDUP_SNAPSHOT_INTERVAL" .Values.snapshots.interval)
+  (list "KDEDUP_SNAPSHOT_KEEP" .Values.snapshots.keep)
   (list "KDEDUP_HTTP_ADDR" (printf ":%d" (int .Values.http.port)))
   (list "KDEDUP_PPROF" (ternary "true" nil (.Values.http.pprof | default false)))
   (list "KDEDUP_LOG_LEVEL" .Values.log.level)
@@ -257,6 +260,7 @@ that a typo fails here rather than at the API server. */}}
 {{- if and $k.tls.existingSecret (not $k.tls.enabled) }}{{ fail "kafka.tls.existingSecret needs kafka.tls.enabled=true" }}{{ end }}
 {{- if and (not $k.tls.existingSecret) (or $k.tls.certKey $k.tls.keyKey) }}{{ fail "kafka.tls.certKey and keyKey name keys of kafka.tls.existingSecret, which is empty" }}{{ end }}
 {{- if ne (not $k.tls.certKey) (not $k.tls.keyKey) }}{{ fail "kafka.tls.certKey and kafka.tls.keyKey go together: a client certificate needs its key" }}{{ end }}
+{{- if and .Values.snapshots.existingSecret (not .Values.snapshots.url) }}{{ fail "snapshots.existingSecret needs snapshots.url: the credentials are for the snapshot store" }}{{ end }}
 {{- if $k.sasl.mechanism }}
 {{- if not $k.sasl.existingSecret }}{{ fail "kafka.sasl.mechanism needs kafka.sasl.existingSecret, the Secret holding the password (never inlined in values)" }}{{ end }}
 {{- if and (not $k.sasl.username) (not $k.sasl.usernameKey) }}{{ fail "kafka.sasl.mechanism needs kafka.sasl.username or kafka.sasl.usernameKey" }}{{ end }}
