@@ -70,7 +70,7 @@ func runMoveDemo(ctx context.Context, o demoOptions, recs []*kgo.Record, stdout,
 		if err != nil {
 			return 0, 0, 0, 0, err
 		}
-		fmt.Fprintf(stdout, "worker %s: ready %s after start; decided up to offset %d of the input; stopped (its last state uploaded)\n",
+		fmt.Fprintf(stdout, "worker %s: ready %s after start; the group committed %d records in all; stopped (its last state uploaded)\n",
 			name, w.ReadyAt.Sub(w.Started).Round(time.Millisecond), total)
 		return sumMetric(mfs, "kdedup_replayed_records_total"), sumMetricLabel(mfs, "kdedup_partition_restores_total", "source", "snapshot"),
 			sumMetricLabel(mfs, "kdedup_partition_restores_total", "source", "replay"), w.ReadyAt.Sub(w.Started), nil
