@@ -88,6 +88,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return demoCmd(ctx, args, stdout, stderr)
 	case "bench":
 		return benchCmd(ctx, args, stdout, stderr)
+	case "bench-move":
+		return benchMoveCmd(ctx, args, stdout, stderr)
 	case "inspect":
 		return inspectCmd(args, stdout, stderr)
 	case "check":
@@ -111,9 +113,14 @@ usage:
   kdedup demo      run the worker against an in-process broker and check its output
   kdedup bench     compare the worker's records/s with a passthrough on an in-process broker
                    (-broker apache: kdedup, the passthrough and Kafka Streams on Apache Kafka)
+  kdedup bench-move
+                   time moving a partition to a worker with an empty disk: with snapshots
+                   (planned, and with a gap to replay) and by full replay
   kdedup inspect [-data-dir DIR] [-json] [-topic T] [-partition P]
                    print each topic-partition's checkpoint, filter parameters, watermark,
                    sub-filters and totals from a stopped worker's data directory (read-only)
+  kdedup inspect -snapshots URL [-verify] [-json] [-topic T] [-partition P]
+                   list (and verify) the snapshots in an object store
   kdedup check KEY -topic T -partition P [-data-dir DIR] [-json]
                    tell whether a record with dedup key KEY would be dropped (exit code 0 either way)
   kdedup version   print the version, commit and Go version (also -version, --version)
