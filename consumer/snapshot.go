@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,7 +59,18 @@ type snapshotter struct {
 	m  snapshotMetrics
 	// uploadMu serializes uploads: one at a time per worker.
 	uploadMu sync.Mutex
+	// downUntil (Unix nanoseconds): the store failed a listing; plans
+	// skip it until then instead of each waiting for the SDK's retries.
+	downUntil atomic.Int64
 }
+
+// snapshotListTimeout bounds a plan's listing of one partition's
+// snapshots, and snapshotDownFor is how long plans skip a store that
+// failed one: a group callback plans every partition one after another.
+const (
+	snapshotListTimeout = 10 * time.Second
+	snapshotDownFor     = 30 * time.Second
+)
 
 type snapshotMetrics struct {
 	uploads        *prometheus.CounterVec
@@ -120,7 +132,7 @@ func (s *snapshotter) loop(ctx context.Context) {
 // was at least interval ago (or it has none since its assignment, an
 // interval ago).
 func (s *snapshotter) due(pw *partitionWorker, interval time.Duration) bool {
-	if pw.failed.Load() || pw.owner() == ownerPlan {
+	if pw.failed.Load() || pw.owner() == ownerPlan || time.Now().UnixNano() < s.downUntil.Load() {
 		return false
 	}
 	off := pw.committed.Load()
@@ -128,8 +140,9 @@ func (s *snapshotter) due(pw *partitionWorker, interval time.Duration) bool {
 }
 
 // upload snapshots pw's committed state, then deletes the partition's
-// snapshots beyond SnapshotKeep. A failure is logged and counted; the
-// next interval tries again.
+// snapshots beyond SnapshotKeep. A failure is logged and counted, and no
+// upload is tried for snapshotDownFor; the next interval after that tries
+// again.
 func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why string) {
 	s.uploadMu.Lock()
 	defer s.uploadMu.Unlock()
@@ -146,6 +159,7 @@ func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why strin
 		return
 	case err != nil:
 		if ctx.Err() == nil {
+			s.downUntil.Store(time.Now().Add(snapshotDownFor).UnixNano())
 			s.m.uploads.WithLabelValues("error").Inc()
 			s.w.log.Warn("snapshot upload failed; the next one is tried in a snapshot interval", "topic", pw.topic, "partition", pw.partition, "reason", why, "err", err)
 		}
@@ -179,8 +193,8 @@ func (s *snapshotter) final(stopped []*partitionWorker) {
 		if pw.failed.Load() || pw.owner() == ownerPlan {
 			continue // failed, or released before its start was planned: nothing changed
 		}
-		if ctx.Err() != nil {
-			s.w.log.Warn("no time left to snapshot a released partition; its next owner restores an older snapshot and replays after it", "topic", pw.topic, "partition", pw.partition, "budget", snapshotFinalBudget)
+		if ctx.Err() != nil || time.Now().UnixNano() < s.downUntil.Load() {
+			s.w.log.Warn("no time left, or the store failed within 30s: not snapshotting a released partition; its next owner restores an older snapshot and replays after it", "topic", pw.topic, "partition", pw.partition, "budget", snapshotFinalBudget)
 			continue
 		}
 		s.upload(ctx, pw, "released")
@@ -211,10 +225,17 @@ func (w *Worker) planSnapshot(ctx context.Context, pw *partitionWorker, from, gr
 		return nil
 	}
 	tp := store.TopicPartition{Topic: pw.topic, Partition: pw.partition}
-	ms, skipped, err := s.st.List(ctx, tp)
+	if time.Now().UnixNano() < s.downUntil.Load() {
+		s.m.restoreFailed.Inc()
+		return nil // logged when the listing failed
+	}
+	lctx, cancel := context.WithTimeout(ctx, snapshotListTimeout)
+	ms, skipped, err := s.st.List(lctx, tp)
+	cancel()
 	if err != nil {
 		s.m.restoreFailed.Inc()
-		s.w.log.Warn("cannot list the partition's snapshots; replaying instead", "topic", pw.topic, "partition", pw.partition, "err", err)
+		s.downUntil.Store(time.Now().Add(snapshotDownFor).UnixNano())
+		s.w.log.Warn("cannot list the partition's snapshots; replaying instead, and not asking the store again for 30s", "topic", pw.topic, "partition", pw.partition, "err", err)
 		return nil
 	}
 	for _, e := range skipped {

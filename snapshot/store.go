@@ -227,15 +227,11 @@ func newID() string {
 // reported in skipped (the caller logs them); err is for a store that
 // cannot be listed.
 func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifest, skipped []error, err error) {
-	it := s.b.List(&blob.ListOptions{Prefix: dir(tp) + "manifest/"})
-	for {
-		obj, err := it.Next(ctx)
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
-		}
+	objs, err := s.list(ctx, dir(tp)+"manifest/")
+	if err != nil {
+		return nil, nil, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
+	}
+	for _, obj := range objs {
 		if obj.IsDir || !strings.HasSuffix(obj.Key, ".json") {
 			continue
 		}
@@ -327,15 +323,11 @@ func (s *Store) Prune(ctx context.Context, tp store.TopicPartition, keep int, gr
 			deleted++
 		}
 	}
-	it := s.b.List(&blob.ListOptions{Prefix: dir(tp) + "data/"})
-	for {
-		obj, err := it.Next(ctx)
-		if err == io.EOF {
-			return deleted, nil
-		}
-		if err != nil {
-			return deleted, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
-		}
+	objs, err := s.list(ctx, dir(tp)+"data/")
+	if err != nil {
+		return deleted, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
+	}
+	for _, obj := range objs {
 		if named[obj.Key] || obj.IsDir || time.Since(obj.ModTime) < grace || path.Ext(obj.Key) != ".kds" {
 			continue
 		}
@@ -343,6 +335,30 @@ func (s *Store) Prune(ctx context.Context, tp store.TopicPartition, keep int, gr
 			return deleted, fmt.Errorf("snapshot: deleting %s from %s: %w", obj.Key, s.where, err)
 		}
 		deleted++
+	}
+	return deleted, nil
+}
+
+// list returns the objects under prefix. Another worker may delete one
+// while it lists (a directory store then reports it NotFound): the
+// listing starts again, up to 5 times.
+func (s *Store) list(ctx context.Context, prefix string) ([]*blob.ListObject, error) {
+	for attempt := 1; ; attempt++ {
+		var objs []*blob.ListObject
+		it := s.b.List(&blob.ListOptions{Prefix: prefix})
+		for {
+			obj, err := it.Next(ctx)
+			if err == io.EOF {
+				return objs, nil
+			}
+			if err != nil {
+				if gcerrors.Code(err) == gcerrors.NotFound && attempt < 5 {
+					break
+				}
+				return nil, err
+			}
+			objs = append(objs, obj)
+		}
 	}
 }
 

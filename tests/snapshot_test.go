@@ -3,10 +3,13 @@ package tests
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -163,4 +166,169 @@ func TestSnapshotOutlivesRetention(t *testing.T) {
 		t.Errorf("%.0f partitions restored from a snapshot, want 1", n)
 	}
 	w.stop(t)
+}
+
+// TestSnapshotCrashLoop runs three worker processes in one group over 6
+// partitions, with snapshots every second, while input keeps arriving,
+// and for 12 rounds SIGKILLs one of them and restarts it on an empty data
+// directory: each restart restores its partitions from snapshots (or
+// replays where none is usable yet) and replays the gap, and the kills
+// land while snapshots upload, while restores download and load, and
+// while gaps replay. Exactly once the read_committed output must equal the
+// exact model; at least once nothing may be missing, and the repeats stay
+// within the README's bound per kill. At least one partition must have
+// been restored from a snapshot.
+func TestSnapshotCrashLoop(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 6)
+		p.delivery = delivery
+		p.withSnapshots(t)
+		p.extraEnv["KDEDUP_LOG_LEVEL"] = "info"
+		recs := scenario.Generate(scenario.Options{Keys: 8000, Seed: 11})
+		procs := make([]*process, 3)
+		for i := range procs {
+			procs[i] = p.startProcess(t, t.TempDir())
+		}
+		const chunk, pause = 10, 60 * time.Millisecond
+		budget := p.newRepeatBudget(t, chunk)
+		f := p.feed(t, recs, chunk, pause)
+		rng := rand.New(rand.NewPCG(uint64(len(delivery)), 21))
+		var logs []string
+		for kill := 1; kill <= 12; kill++ {
+			for _, pr := range procs {
+				pr.waitReady(t)
+			}
+			p.waitMembers(t, len(procs))
+			i := rng.IntN(len(procs))
+			time.Sleep(time.Duration(200+rng.IntN(1500)) * time.Millisecond)
+			budget.lose(t, fmt.Sprintf("kill %d", kill), time.Now())
+			procs[i].kill()
+			logs = append(logs, procs[i].log)
+			procs[i] = p.startProcess(t, t.TempDir())
+		}
+		f.hurry()
+		f.wait(t)
+		want, got := p.output(t, recs)
+		restored := 0
+		for _, pr := range procs {
+			logs = append(logs, pr.log)
+		}
+		for _, l := range logs {
+			b, err := os.ReadFile(l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			restored += strings.Count(string(b), "restored from a snapshot")
+		}
+		if restored == 0 {
+			t.Error("no partition was restored from a snapshot: the test did not test snapshots")
+		}
+		t.Logf("%s: 12 kills, each restart on an empty disk; %d partitions restored from snapshots", delivery, restored)
+		if delivery == "exactly-once" {
+			requireExact(t, want, got)
+			return
+		}
+		extra := requireNothingMissing(t, want, got)
+		budget.require(t, extra)
+	})
+}
+
+// TestSnapshotStoreUnreachable points the workers at an S3 endpoint where
+// nothing listens: the worker starts (a WARN, not a stop), its uploads
+// fail and are counted, a worker with an empty disk replays instead of
+// restoring, and the output is exactly the model's.
+func TestSnapshotStoreUnreachable(t *testing.T) {
+	p := newPipeline(t, 2)
+	for k, v := range s3test.Env() {
+		t.Setenv(k, v)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	p.extraEnv = map[string]string{
+		"KDEDUP_SNAPSHOT_URL":      "s3://kdedup/x?region=us-east-1&use_path_style=true&endpoint=http://" + addr,
+		"KDEDUP_SNAPSHOT_INTERVAL": "1s",
+	}
+	part1, part2 := twoParts()
+	p.runPart(t, t.TempDir(), part1)
+	p.feed(t, part2, len(part2), 0).wait(t)
+	w := p.startWorker(t, t.TempDir())
+	w.waitReplayed(t)
+	want, got := p.output(t, append(append([]*kgo.Record{}, part1...), part2...))
+	requireExact(t, want, got)
+	if n := w.metric(t, "kdedup_replayed_records_total"); n != float64(len(part1)) {
+		t.Errorf("replayed %.0f records, want %d: the whole input before the move", n, len(part1))
+	}
+	if n := w.metric(t, "kdedup_snapshot_restore_failures_total"); n < 1 {
+		t.Errorf("%.0f restore failures counted, want the unreachable store's", n)
+	}
+	w.stop(t)
+}
+
+// TestSnapshotStoreGoesAway stops the S3-compatible server while a worker
+// runs (needs KDEDUP_TEST_S3=versitygw): its uploads fail and are
+// counted, it keeps deciding, and the output is exactly the model's.
+func TestSnapshotStoreGoesAway(t *testing.T) {
+	if !s3test.Enabled() {
+		t.Skip("needs an S3-compatible server to stop: set KDEDUP_TEST_S3=versitygw")
+	}
+	p := newPipeline(t, 2)
+	p.extraEnv = map[string]string{"KDEDUP_SNAPSHOT_INTERVAL": "1s"}
+	srv := s3test.New(t)
+	p.extraEnv["KDEDUP_SNAPSHOT_URL"] = srv.URL(p.group)
+	part1, part2 := twoParts()
+	p.feed(t, part1, len(part1), 0).wait(t)
+	w := p.startWorker(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for w.metricWith(t, "kdedup_snapshot_uploads_total", "result", "ok") < 2 {
+		if ctx.Err() != nil {
+			t.Fatal("no snapshot uploaded within a minute")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	srv.Stop()
+	p.feed(t, part2, len(part2), 0).wait(t)
+	want, got := p.output(t, append(append([]*kgo.Record{}, part1...), part2...))
+	requireExact(t, want, got)
+	for w.metricWith(t, "kdedup_snapshot_uploads_total", "result", "error") < 1 {
+		if ctx.Err() != nil {
+			t.Fatal("no failed upload counted within a minute of the store going away")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	w.running(t)
+	w.stop(t)
+}
+
+// TestSnapshotScaleOut grows the group from one worker to three while
+// records flow, exactly once, with snapshots: the partitions that move
+// restore from the snapshot their previous owner uploaded when they were
+// revoked, and the output is exactly the model's.
+func TestSnapshotScaleOut(t *testing.T) {
+	p := newPipeline(t, 6)
+	p.delivery = "exactly-once"
+	p.withSnapshots(t)
+	recs := scenario.Generate(scenario.Options{Keys: 8000, Seed: 12})
+	f := p.feed(t, recs, 10, 40*time.Millisecond)
+	a := p.startWorker(t, t.TempDir())
+	time.Sleep(2 * time.Second)
+	b := p.startWorker(t, t.TempDir())
+	time.Sleep(2 * time.Second)
+	c := p.startWorker(t, t.TempDir())
+	f.hurry()
+	f.wait(t)
+	want, got := p.output(t, recs)
+	requireExact(t, want, got)
+	moved := b.metricWith(t, "kdedup_partition_restores_total", "source", "snapshot") + c.metricWith(t, "kdedup_partition_restores_total", "source", "snapshot")
+	if moved < 1 {
+		t.Errorf("no partition restored from a snapshot on the workers that joined")
+	}
+	t.Logf("partitions restored from snapshots by the workers that joined: %.0f", moved)
+	for _, w := range []*worker{c, b, a} {
+		w.stop(t)
+	}
 }

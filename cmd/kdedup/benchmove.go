@@ -20,6 +20,8 @@ import (
 	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/kafkatest"
 	"github.com/kdedup/kdedup/internal/s3test"
+	"github.com/kdedup/kdedup/snapshot"
+	"github.com/kdedup/kdedup/store"
 )
 
 // benchMoveCmd measures what moving one topic-partition to a worker with
@@ -203,6 +205,17 @@ func benchMoveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	upBytes := counter(a, "kdedup_snapshot_upload_bytes_total")
 	fmt.Fprintf(stdout, "A: stopped in %s, of which %d snapshot upload(s) %.3fs, %.1f MiB uploaded (%.2f bytes per key)\n",
 		stopped.Round(time.Millisecond), upN, upSum, upBytes/(1<<20), upBytes/float64(*keys))
+	st, err := snapshot.Open(ctx, snapURL)
+	if err != nil {
+		return err
+	}
+	ms, _, err := st.List(ctx, store.TopicPartition{Topic: in, Partition: 0})
+	st.Close()
+	if err != nil || len(ms) == 0 {
+		return fmt.Errorf("listing the snapshot A uploaded: %v (%d found)", err, len(ms))
+	}
+	stateBytes := float64(ms[0].StateBytes())
+	fmt.Fprintf(stdout, "snapshot: offset %d, %d pages, %.1f MiB of state, %.1f MiB compressed\n", ms[0].Offset, ms[0].Pages, stateBytes/(1<<20), float64(ms[0].Bytes)/(1<<20))
 
 	// 2. The planned move.
 	b, err := worker("B", "b", true)
@@ -211,8 +224,8 @@ func benchMoveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	bReady := b.ReadyAt.Sub(b.Started)
 	rsSum, _ := hist(b, "kdedup_snapshot_restore_seconds")
-	fmt.Fprintf(stdout, "B (empty disk, snapshot): ready %s after its start (snapshot download and load %.3fs, %.0f records replayed); move from A's revocation: %s\n",
-		bReady.Round(time.Millisecond), rsSum, counter(b, "kdedup_replayed_records_total"), (stopped + bReady).Round(time.Millisecond))
+	fmt.Fprintf(stdout, "B (empty disk, snapshot): ready %s after its start (snapshot download and load %.3fs: %.0f MiB/s of state; %.0f records replayed); move from A's revocation: %s\n",
+		bReady.Round(time.Millisecond), rsSum, stateBytes/(1<<20)/rsSum, counter(b, "kdedup_replayed_records_total"), (stopped + bReady).Round(time.Millisecond))
 	if err := b.Stop(); err != nil {
 		return err
 	}
