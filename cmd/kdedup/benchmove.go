@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -17,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/filter"
 	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/kafkatest"
 	"github.com/kdedup/kdedup/internal/s3test"
@@ -216,6 +218,9 @@ func benchMoveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	stateBytes := float64(ms[0].StateBytes())
 	fmt.Fprintf(stdout, "snapshot: offset %d, %d pages, %.1f MiB of state, %.1f MiB compressed\n", ms[0].Offset, ms[0].Pages, stateBytes/(1<<20), float64(ms[0].Bytes)/(1<<20))
+	if err := measureUploads(ctx, filepath.Join(root, "a"), snapURL, store.TopicPartition{Topic: in, Partition: 0}, stdout); err != nil {
+		return err
+	}
 
 	// 2. The planned move.
 	b, err := worker("B", "b", true)
@@ -272,5 +277,39 @@ func benchMoveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fmt.Fprintf(stdout, "\nmove of a partition of %d keys to an empty disk:\n  planned (revocation to ready, snapshot): %s\n  unplanned, snapshot %d records behind:   %s\n  full replay, no snapshots:               %s\n",
 		*keys, (stopped + bReady).Round(time.Millisecond), *gap, cReady.Round(time.Millisecond), dReady.Round(time.Millisecond))
+	return nil
+}
+
+// measureUploads times three uploads of the partition's state from the
+// stopped worker's data directory (what the snapshotter does each
+// interval): wall time and this process's CPU time (export, compression,
+// SHA-256, the HTTP client; the store's server is another process).
+func measureUploads(ctx context.Context, dir, snapURL string, tp store.TopicPartition, stdout io.Writer) error {
+	db, err := store.Open(store.Options{Dir: dir, ReadOnly: true, Logger: newLogger(io.Discard, 0, "text")})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	st, err := snapshot.Open(ctx, snapURL)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for i := range 3 {
+		var before, after syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &before)
+		start := time.Now()
+		m, err := st.Put(ctx, tp, func(h func(store.Image) error, p func(filter.PageID, []byte) error) (bool, error) {
+			return db.Export(tp, h, p)
+		})
+		if err != nil {
+			return err
+		}
+		wall := time.Since(start)
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &after)
+		cpu := time.Duration(after.Utime.Nano()+after.Stime.Nano()-before.Utime.Nano()-before.Stime.Nano()) * time.Nanosecond
+		fmt.Fprintf(stdout, "upload %d of the state: %.1f MiB in %s wall, %s CPU of this process (%.0f MiB/s of state)\n",
+			i+1, float64(m.Bytes)/(1<<20), wall.Round(time.Millisecond), cpu.Round(time.Millisecond), float64(m.StateBytes())/(1<<20)/wall.Seconds())
+	}
 	return nil
 }
