@@ -222,8 +222,23 @@ func (p *PartitionState) readPage(txn *badger.Txn, id filter.PageID) (data []byt
 // reads the page's entries.
 func (p *PartitionState) readPageAt(it *badger.Iterator, prefix []byte) (data []byte, log pageLog, found bool, err error) {
 	data = make([]byte, p.db.opts.PageBytes)
+	it.Seek(prefix)
+	log, found, err = p.foldPage(it, prefix, data)
+	if err != nil {
+		return nil, pageLog{}, found, err
+	}
+	return data, log, found, nil
+}
+
+// foldPage reads the entries of the page whose key is prefix into data
+// (zeros, PageBytes long), it being at the page's first entry or past
+// it: the base, then the deltas after it applied in order. It leaves it
+// at the first key after the page's entries, so that a caller reading
+// pages in key order need not seek (a seek drops what the iterator
+// prefetched).
+func (p *PartitionState) foldPage(it *badger.Iterator, prefix, data []byte) (log pageLog, found bool, err error) {
 	pb := p.db.opts.PageBytes
-	for it.Seek(prefix); it.ValidForPrefix(prefix); it.Next() {
+	for ; it.ValidForPrefix(prefix); it.Next() {
 		item := it.Item()
 		k := item.Key()
 		found = true
@@ -250,7 +265,7 @@ func (p *PartitionState) readPageAt(it *badger.Iterator, prefix []byte) (data []
 				continue // folded into the base, awaiting deletion
 			}
 			if seq != log.lastSeq+1 {
-				return nil, pageLog{}, true, fmt.Errorf("delta %d follows delta %d: %w", seq, log.lastSeq, errBadEntry)
+				return pageLog{}, true, fmt.Errorf("delta %d follows delta %d: %w", seq, log.lastSeq, errBadEntry)
 			}
 			err = item.Value(func(v []byte) error {
 				log.deltaBytes += len(k) + len(v)
@@ -264,10 +279,10 @@ func (p *PartitionState) readPageAt(it *badger.Iterator, prefix []byte) (data []
 			err = fmt.Errorf("page entry key %x is %d bytes: %w", k, len(k), errBadEntry)
 		}
 		if err != nil {
-			return nil, pageLog{}, true, err
+			return pageLog{}, true, err
 		}
 	}
-	return data, log, found, nil
+	return log, found, nil
 }
 
 // errBadEntry marks a stored page entry that cannot be right; Page reports

@@ -71,6 +71,7 @@ func (db *DB) Export(tp TopicPartition, header func(Image) error, page func(id f
 		pages := append(append([]byte{}, p.prefix...), tagPage)
 		it = txn.NewIterator(badger.IteratorOptions{Prefix: pages, PrefetchValues: true, PrefetchSize: 16})
 		defer it.Close()
+		data := make([]byte, db.opts.PageBytes)
 		it.Rewind()
 		for it.Valid() {
 			k := it.Item().Key()
@@ -83,8 +84,8 @@ func (db *DB) Export(tp TopicPartition, header func(Image) error, page func(id f
 				it.Seek(subFilterPagesPrefix(p.prefix, id.SubFilter+1))
 				continue
 			}
-			data, _, _, err := p.readPageAt(it, base)
-			if err != nil {
+			clear(data)
+			if _, _, err := p.foldPage(it, base, data); err != nil {
 				if errors.Is(err, errBadEntry) {
 					err = fmt.Errorf("%s: %w: %w", fmtPageID(id), err, ErrCorrupt)
 				}
