@@ -42,14 +42,15 @@ func (atLeastOnce) opened(pw *partitionWorker) { go pw.run() }
 // release commits the group offsets the revoked partitions' last write
 // batches marked, before the partitions move.
 func (m atLeastOnce) release(ctx context.Context, cl *kgo.Client, tps map[string][]int32, lost bool) int {
-	n := m.w.stopPartitions(tps, lost)
-	if n == 0 || lost {
-		return n
+	stopped := m.w.stopPartitions(tps, lost)
+	if len(stopped) == 0 || lost {
+		return len(stopped)
 	}
 	if err := cl.CommitMarkedOffsets(ctx); err != nil {
 		m.w.log.Warn("committing group offsets on revocation; the next owner may repeat up to one flush interval", "err", err)
 	}
-	return n
+	m.w.finalSnapshots(stopped) // after the commit: the rebalance's deadline is the group's
+	return len(stopped)
 }
 
 // stop asks the partition's goroutine to end; it closes done.

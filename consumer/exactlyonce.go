@@ -44,7 +44,11 @@ func (exactlyOnce) opened(*partitionWorker) {}
 // revocation or a loss (revokedSinceEnd) and stops the partitions.
 func (m exactlyOnce) release(_ context.Context, _ *kgo.Client, tps map[string][]int32, lost bool) int {
 	m.w.revokedSinceEnd.Store(true)
-	return m.w.stopPartitions(tps, lost)
+	stopped := m.w.stopPartitions(tps, lost)
+	if !lost {
+		m.w.finalSnapshots(stopped)
+	}
+	return len(stopped)
 }
 
 // stop ends the partition here: the transaction loop that drives it is

@@ -176,6 +176,7 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 		}
 	}
 	if lsErr != nil {
+		pw.snapPlan = nil
 		return o, lsErr // the replay's start is unknown
 	}
 	partial := false
@@ -360,8 +361,9 @@ func (w *Worker) lost(ctx context.Context, cl *kgo.Client, lost map[string][]int
 // lost session) decides nothing more, keeping at least once what was
 // forwarded and acknowledged (partition.settle) and dropping exactly once
 // the uncommitted state; otherwise each finishes its queued records and
-// commits a last write batch. It returns how many it stopped.
-func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) int {
+// commits a last write batch. It returns those it stopped, for their last
+// snapshots (snapshotter.final) once their offsets are committed.
+func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) []*partitionWorker {
 	var stopping []*partitionWorker
 	w.mu.Lock()
 	for topic, ps := range tps {
@@ -383,8 +385,5 @@ func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) int {
 		w.m.assigned.Dec()
 		w.log.Info("partition released", "topic", pw.topic, "partition", pw.partition, "lost", abort)
 	}
-	if w.snaps != nil && !abort {
-		w.snaps.final(stopping)
-	}
-	return len(stopping)
+	return stopping
 }

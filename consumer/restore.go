@@ -93,10 +93,10 @@ func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFun
 		var err error
 		if from, partial, stopped, err = pw.restoreSnapshot(ctx, group, plan, until, partial); err != nil || stopped {
 			pw.endReplay(false, 0)
-			if err != nil {
-				pw.fail(err)
-			} else {
+			if stopped {
 				pw.w.log.Info("restore from a snapshot stopped", "topic", pw.topic, "partition", pw.partition)
+			} else {
+				pw.fail(err)
 			}
 			return
 		}

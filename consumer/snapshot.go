@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
 	"github.com/kdedup/kdedup/snapshot"
 	"github.com/kdedup/kdedup/store"
@@ -51,14 +51,20 @@ const snapshotMinSkip = 100_000
 // is restored by its next owner from its previous snapshot and a replay.
 const snapshotFinalBudget = 30 * time.Second
 
+// snapshotUploadTimeout bounds one interval's upload, and with it the
+// Badger read transaction it holds open (which keeps old versions from
+// being discarded).
+const snapshotUploadTimeout = 10 * time.Minute
+
 // snapshotter uploads snapshots of the worker's partitions. Safe for
 // concurrent use.
 type snapshotter struct {
 	w  *Worker
 	st *snapshot.Store
 	m  snapshotMetrics
-	// uploadMu serializes uploads: one at a time per worker.
-	uploadMu sync.Mutex
+	// uploading holds a token while an upload runs: one at a time per
+	// worker, and a wait for it ends with its context.
+	uploading chan struct{}
 	// downUntil (Unix nanoseconds): the store failed a listing; plans
 	// skip it until then instead of each waiting for the SDK's retries.
 	downUntil atomic.Int64
@@ -83,7 +89,7 @@ type snapshotMetrics struct {
 
 func newSnapshotter(w *Worker, reg prometheus.Registerer) *snapshotter {
 	f := promauto.With(reg)
-	s := &snapshotter{w: w, st: w.opts.Snapshots, m: snapshotMetrics{
+	s := &snapshotter{w: w, st: w.opts.Snapshots, uploading: make(chan struct{}, 1), m: snapshotMetrics{
 		uploads: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_snapshot_uploads_total",
 			Help: "Partition snapshots uploaded to the snapshot store, by result (ok, error)."}, []string{"result"}),
 		uploadBytes: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_snapshot_upload_bytes_total",
@@ -122,7 +128,9 @@ func (s *snapshotter) loop(ctx context.Context) {
 				return
 			}
 			if s.due(pw, interval) {
-				s.upload(ctx, pw, "interval")
+				uctx, cancel := context.WithTimeout(ctx, snapshotUploadTimeout)
+				s.upload(uctx, pw, "interval")
+				cancel()
 			}
 		}
 	}
@@ -132,7 +140,7 @@ func (s *snapshotter) loop(ctx context.Context) {
 // was at least interval ago (or it has none since its assignment, an
 // interval ago).
 func (s *snapshotter) due(pw *partitionWorker, interval time.Duration) bool {
-	if pw.failed.Load() || pw.owner() == ownerPlan || time.Now().UnixNano() < s.downUntil.Load() {
+	if pw.failed.Load() || pw.owner() != ownerLoop || time.Now().UnixNano() < s.downUntil.Load() {
 		return false
 	}
 	off := pw.committed.Load()
@@ -144,8 +152,12 @@ func (s *snapshotter) due(pw *partitionWorker, interval time.Duration) bool {
 // upload is tried for snapshotDownFor; the next interval after that tries
 // again.
 func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why string) {
-	s.uploadMu.Lock()
-	defer s.uploadMu.Unlock()
+	select {
+	case s.uploading <- struct{}{}:
+		defer func() { <-s.uploading }()
+	case <-ctx.Done():
+		return
+	}
 	if pw.committed.Load() == pw.snapOffset.Load() {
 		return // uploaded meanwhile
 	}
@@ -184,8 +196,17 @@ func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why strin
 	}
 }
 
+// finalSnapshots uploads the last state of partitions released by a
+// revocation or a shutdown (snapshotter.final), with snapshots configured.
+func (w *Worker) finalSnapshots(stopped []*partitionWorker) {
+	if w.snaps != nil && len(stopped) > 0 {
+		w.snaps.final(stopped)
+	}
+}
+
 // final uploads the stopped partitions' last state (revocation or
-// shutdown), within snapshotFinalBudget in all.
+// shutdown), within snapshotFinalBudget in all, waiting for an interval's
+// upload in flight within it too.
 func (s *snapshotter) final(stopped []*partitionWorker) {
 	ctx, cancel := context.WithTimeout(context.Background(), snapshotFinalBudget)
 	defer cancel()
@@ -206,8 +227,7 @@ func (s *snapshotter) final(stopped []*partitionWorker) {
 type snapshotPlan struct {
 	// candidates are the usable snapshots, newest first.
 	candidates []snapshot.Manifest
-	// local is the local checkpoint, valid with hasLocal.
-	local    store.Checkpoint
+	// hasLocal: the partition had local state when planned.
 	hasLocal bool
 	// rebuildEmpty: without a snapshot the partition starts empty at
 	// the group's offset (Options.RebuildEmpty).
@@ -221,8 +241,8 @@ type snapshotPlan struct {
 // replay goes on as without snapshots).
 func (w *Worker) planSnapshot(ctx context.Context, pw *partitionWorker, from, group int64, hasLocal bool) *snapshotPlan {
 	s := w.snaps
-	if s == nil || group < 0 {
-		return nil
+	if s == nil || group < 0 || (hasLocal && group-from <= snapshotMinSkip) {
+		return nil // no snapshot could skip enough of the replay
 	}
 	tp := store.TopicPartition{Topic: pw.topic, Partition: pw.partition}
 	if time.Now().UnixNano() < s.downUntil.Load() {
@@ -251,9 +271,6 @@ func (w *Worker) planSnapshot(ctx context.Context, pw *partitionWorker, from, gr
 	if len(plan.candidates) == 0 {
 		return nil
 	}
-	if hasLocal {
-		plan.local = store.Checkpoint{Offset: from, LeaderEpoch: -1}
-	}
 	return plan
 }
 
@@ -276,7 +293,13 @@ func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Clien
 	w, s := pw.w, pw.w.snaps
 	for _, m := range plan.candidates {
 		start := time.Now()
-		err := s.st.Load(ctx, m, pw.dedup.Restore)
+		// Downloaded and checked before anything local changes: a
+		// snapshot that fails here leaves the local state as it was.
+		f, err := s.st.Fetch(ctx, m, w.opts.Dedup.StateDir())
+		if err == nil {
+			err = f.Load(pw.dedup.Restore)
+			f.Close()
+		}
 		if ctx.Err() != nil {
 			return 0, partial, true, nil
 		}
@@ -291,10 +314,14 @@ func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Clien
 				"offset", m.Offset, "group_offset", until, "bytes", m.Bytes, "state_bytes", m.StateBytes(), "duration", d.Round(time.Millisecond), "snapshot", m.Key())
 			return m.Offset, partial, false, nil
 		}
+		if f != nil && !errors.Is(err, snapshot.ErrCorrupt) && !errors.Is(err, dedup.ErrSnapshotParams) {
+			// Fetched and checked, then the local store failed while
+			// loading it: a storage error stops the partition.
+			return 0, partial, false, err
+		}
 		s.m.restoreFailed.Inc()
 		w.log.Warn("snapshot unusable; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition, "snapshot", m.Key(), "offset", m.Offset, "err", err)
 	}
-	// No snapshot: where the plan would have started without them.
 	w.countRestore("replay")
 	if cp, ok := pw.dedup.Checkpoint(); ok && plan.hasLocal {
 		pw.setCheckpoint(cp) // refused before the import: the local state is intact
@@ -306,12 +333,18 @@ func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Clien
 	}
 	adm := kadm.NewClient(group)
 	from, err = w.windowStart(ctx, adm, pw.topic, pw.partition, until)
+	if ctx.Err() != nil {
+		return 0, partial, true, nil
+	}
 	if err != nil {
-		return 0, partial, ctx.Err() != nil, err
+		return 0, partial, false, err
 	}
 	logStart, err := pw.listedOffset(ctx, adm.ListStartOffsets)
+	if ctx.Err() != nil {
+		return 0, partial, true, nil
+	}
 	if err != nil {
-		return 0, partial, ctx.Err() != nil, err
+		return 0, partial, false, err
 	}
 	if logStart > from {
 		if !partial {

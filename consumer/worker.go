@@ -97,6 +97,10 @@ type Worker struct {
 	snaps     *snapshotter
 	stopSnaps context.CancelFunc
 	snapsDone chan struct{}
+	// released (owned by the goroutine running Run) are the partitions
+	// release stopped, whose last snapshots shutdown uploads after the
+	// group commit.
+	released []*partitionWorker
 }
 
 // New checks opts and returns a Worker; it does not connect yet.
@@ -177,6 +181,8 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.m.sessionRestarts.Inc()
 			w.cl.AllowRebalance()
 			w.release()
+			w.finalSnapshots(w.released)
+			w.released = nil
 			w.cl.Close()
 			select {
 			case <-pollCtx.Done():
@@ -251,7 +257,7 @@ func (w *Worker) release() {
 		all[tp.Topic] = append(all[tp.Topic], tp.Partition)
 	}
 	w.mu.Unlock()
-	w.stopPartitions(all, false)
+	w.released = append(w.released, w.stopPartitions(all, false)...)
 }
 
 func (w *Worker) shutdown() error {
@@ -267,6 +273,8 @@ func (w *Worker) shutdown() error {
 	w.stopSnapshots() // an interval's upload in flight is abandoned; release uploads the last state
 	w.release()
 	w.mode.closing(ctx)
+	w.finalSnapshots(w.released) // after the group commit
+	w.released = nil
 	w.live.stamp("closing the Kafka client (leaving the group)")
 	w.closeClient()
 	w.closeLarge()

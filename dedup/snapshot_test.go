@@ -150,3 +150,97 @@ func TestRestoreDecidesAsTheOriginal(t *testing.T) {
 		})
 	}
 }
+
+// TestRestoreFailures: a snapshot whose pages fail part way (found
+// damaged while it loads) leaves the partition with no state and a clean
+// empty filter, no page of the partial image left to be read as
+// fingerprints: it decides a stream like a new partition, and its next
+// write batch is a state like any other. A snapshot of another page size
+// is refused before anything changes: the local state and its filter
+// stay.
+func TestRestoreFailures(t *testing.T) {
+	const topic = "events"
+	fp := filter.Params{FingerprintBits: 8, Capacity: 4096, PageBytes: 512} // 8-bit: leftover pages would show as false drops
+	opts := Options{Filter: fp, HashSeed: filter.Seed{K0: 3, K1: 4}}
+	rec := func(i int, key string) *kgo.Record {
+		return &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte("v"), Offset: int64(i)}
+	}
+	dbA := openDB(t, "", store.Options{PageBytes: 512})
+	a := openPartition(t, dbA, topic, 0, Options{Filter: fp, HashSeed: filter.Seed{K0: 9, K1: 9}}, nil)
+	defer a.Close()
+	for i := range 20_000 {
+		if _, err := a.Decide(rec(i, fmt.Sprintf("a-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Commit(store.Checkpoint{Offset: 20_000}); err != nil {
+		t.Fatal(err)
+	}
+	im := exportImage(t, dbA, topic, 0)
+
+	dbB := openDB(t, "", store.Options{PageBytes: 512})
+	b := openPartition(t, dbB, topic, 0, opts, nil)
+	for i := range 1000 {
+		if _, err := b.Decide(rec(i, fmt.Sprintf("b-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Commit(store.Checkpoint{Offset: 1000}); err != nil {
+		t.Fatal(err)
+	}
+
+	other := im
+	other.img.PageBytes = 1024
+	if err := b.Restore(other.img, other.put); !errors.Is(err, ErrSnapshotParams) {
+		t.Fatalf("Restore of 1024-byte pages into 512: %v, want ErrSnapshotParams", err)
+	}
+	if cp, ok := b.Checkpoint(); !ok || cp.Offset != 1000 {
+		t.Fatalf("after a refused snapshot: checkpoint %+v, %t; want 1000", cp, ok)
+	}
+	if d, err := b.Decide(rec(1000, "b-5")); err != nil || b.Forwards(d) {
+		t.Fatalf("after a refused snapshot b-5 decided %v, %v: the local filter is gone", d, err)
+	}
+
+	damaged := errors.New("damaged at the end")
+	err := b.Restore(im.img, func(put func(filter.PageID, []byte) error) error {
+		if err := im.put(put); err != nil {
+			return err
+		}
+		return damaged // every page written, then found wrong
+	})
+	if !errors.Is(err, damaged) {
+		t.Fatalf("Restore = %v, want the pages' error", err)
+	}
+	if _, ok := b.Checkpoint(); ok {
+		t.Fatal("a checkpoint after a failed restore")
+	}
+	// A new partition with this seed, as the model of what b must decide.
+	fresh := openPartition(t, openDB(t, "", store.Options{PageBytes: 512}), topic, 0, opts, nil)
+	defer fresh.Close()
+	for i := range 20_000 {
+		k := fmt.Sprintf("a-%d", i) // the damaged snapshot's keys
+		db, err := b.Decide(rec(i, k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		df, err := fresh.Decide(rec(i, k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if db != df {
+			t.Fatalf("record %d (%s): decided %v after a failed restore, a new partition %v", i, k, db, df)
+		}
+	}
+	if err := b.Commit(store.Checkpoint{Offset: 20_000}); err != nil {
+		t.Fatal(err)
+	}
+	if found, err := dbB.Export(store.TopicPartition{Topic: topic}, func(store.Image) error { return nil }, func(filter.PageID, []byte) error { return nil }); err != nil || !found {
+		t.Fatalf("Export after the next write batch = %t, %v; want the state", found, err)
+	}
+	b.Close()
+	b = openPartition(t, dbB, topic, 0, opts, nil)
+	defer b.Close()
+	if cp, ok := b.Checkpoint(); !ok || cp.Offset != 20_000 {
+		t.Fatalf("reopened: checkpoint %+v, %t; want 20000", cp, ok)
+	}
+}

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -11,7 +12,9 @@ import (
 	"hash"
 	"io"
 	"net/url"
+	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -88,6 +91,14 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		b = blob.PrefixedBucket(b, prefix+"/")
 	}
 	return &Store{b: b, where: where}, nil
+}
+
+// In returns the store of one consumer group: its keys under namespace/,
+// so that deployments sharing a URL neither restore nor prune each
+// other's snapshots. Close either s or the result, not both: they share
+// the bucket.
+func (s *Store) In(namespace string) *Store {
+	return &Store{b: blob.PrefixedBucket(s.b, namespace+"/"), where: strings.TrimSuffix(s.where, "/") + "/" + namespace}
 }
 
 // NewStore returns a Store over b (closed by Store.Close), named where in
@@ -298,16 +309,97 @@ func (s *Store) Load(ctx context.Context, m Manifest, into func(img store.Image,
 	return into(d.img, d.pages)
 }
 
-// Prune deletes the manifests of tp beyond the newest keep and their data
-// objects, then the data objects of tp that no manifest names and that were last
+// Fetched is a snapshot downloaded to a local file and checked against
+// its manifest (size and SHA-256): loading it reads no byte from the
+// store, so a snapshot that fails is refused before any state is
+// replaced. Close removes the file.
+type Fetched struct {
+	m Manifest
+	f *os.File
+}
+
+// fetchPrefix starts the name of a Fetch's file in its directory.
+const fetchPrefix = "snapshot-download-"
+
+// Fetch downloads the snapshot m names into a new file in dir (the data
+// directory's filesystem, sized for the state, not a small /tmp) and
+// checks its size and SHA-256 against the manifest. Files of earlier
+// fetches in dir (a process killed in the middle of one) are deleted
+// first: dir belongs to one worker. It returns ErrCorrupt (wrapped) for
+// an object that is missing or not the manifest's, and the store's error
+// when it cannot be read; either way nothing is left in dir.
+func (s *Store) Fetch(ctx context.Context, m Manifest, dir string) (*Fetched, error) {
+	if old, err := filepath.Glob(filepath.Join(dir, fetchPrefix+"*")); err == nil {
+		for _, o := range old {
+			_ = os.Remove(o)
+		}
+	}
+	r, err := s.b.NewReader(ctx, m.Object, nil)
+	if err != nil {
+		if gcerrors.Code(err) == gcerrors.NotFound {
+			return nil, fmt.Errorf("%w: %s: data object missing: %w", ErrCorrupt, m.Object, err)
+		}
+		return nil, fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
+	}
+	defer r.Close()
+	f, err := os.CreateTemp(dir, fetchPrefix+"*")
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: downloading %s: %w", m.Object, err)
+	}
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), r)
+	if err == nil && n != m.Bytes {
+		err = fmt.Errorf("%w: %s: %d bytes, the manifest says %d", ErrCorrupt, m.Object, n, m.Bytes)
+	}
+	if sum := hex.EncodeToString(h.Sum(nil)); err == nil && sum != m.SHA256 {
+		err = fmt.Errorf("%w: %s: SHA-256 %s, the manifest says %s", ErrCorrupt, m.Object, sum, m.SHA256)
+	}
+	if err == nil {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		if !errors.Is(err, ErrCorrupt) {
+			err = fmt.Errorf("snapshot: downloading %s from %s: %w", m.Object, s.where, err)
+		}
+		return nil, err
+	}
+	return &Fetched{m: m, f: f}, nil
+}
+
+// Load hands the fetched snapshot to into, as Store.Load does (the
+// structure is checked as the pages are read, ErrCorrupt if wrong).
+func (f *Fetched) Load(into func(img store.Image, pages func(put func(filter.PageID, []byte) error) error) error) error {
+	d, err := newDecoder(bufio.NewReaderSize(f.f, 1<<20), f.m)
+	if err != nil {
+		return err
+	}
+	defer d.close()
+	return into(d.img, d.pages)
+}
+
+// Close removes the downloaded file.
+func (f *Fetched) Close() {
+	f.f.Close()
+	os.Remove(f.f.Name())
+}
+
+// Prune deletes the manifests of tp beyond the keep newest (by creation
+// time) and their data objects, then, unless a manifest could not be read,
+// the data objects of tp that no manifest names and that were last
 // modified more than grace ago (an object younger than that may belong to
 // an upload whose manifest is not written yet, by this worker or another).
 // It returns the objects deleted.
 func (s *Store) Prune(ctx context.Context, tp store.TopicPartition, keep int, grace time.Duration) (deleted int, err error) {
-	ms, _, err := s.List(ctx, tp)
+	ms, skipped, err := s.List(ctx, tp)
 	if err != nil {
 		return 0, err
 	}
+	// The newest by creation, not by offset: after the group's offsets
+	// were reset backwards, snapshots of higher offsets must age out
+	// rather than crowd out every new one.
+	slices.SortStableFunc(ms, func(a, b Manifest) int { return b.Created.Compare(a.Created) })
 	named := map[string]bool{}
 	for i, m := range ms {
 		if i < keep {
@@ -322,6 +414,11 @@ func (s *Store) Prune(ctx context.Context, tp store.TopicPartition, keep int, gr
 			}
 			deleted++
 		}
+	}
+	if len(skipped) > 0 {
+		// A manifest that could not be read may name any object: delete
+		// none that no manifest names this time.
+		return deleted, nil
 	}
 	objs, err := s.list(ctx, dir(tp)+"data/")
 	if err != nil {

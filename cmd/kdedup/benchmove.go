@@ -207,10 +207,11 @@ func benchMoveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	upBytes := counter(a, "kdedup_snapshot_upload_bytes_total")
 	fmt.Fprintf(stdout, "A: stopped in %s, of which %d snapshot upload(s) %.3fs, %.1f MiB uploaded (%.2f bytes per key)\n",
 		stopped.Round(time.Millisecond), upN, upSum, upBytes/(1<<20), upBytes/float64(*keys))
-	st, err := snapshot.Open(ctx, snapURL)
+	root0, err := snapshot.Open(ctx, snapURL)
 	if err != nil {
 		return err
 	}
+	st := root0.In(group)
 	ms, _, err := st.List(ctx, store.TopicPartition{Topic: in, Partition: 0})
 	st.Close()
 	if err != nil || len(ms) == 0 {
@@ -290,10 +291,11 @@ func measureUploads(ctx context.Context, dir, snapURL string, tp store.TopicPart
 		return err
 	}
 	defer db.Close()
-	st, err := snapshot.Open(ctx, snapURL)
+	root, err := snapshot.Open(ctx, snapURL)
 	if err != nil {
 		return err
 	}
+	st := root.In("bench-move-uploads") // apart from the workers' snapshots
 	defer st.Close()
 	for i := range 3 {
 		var before, after syscall.Rusage

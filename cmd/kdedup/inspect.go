@@ -32,10 +32,11 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 	sel.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON (the shape is documented in cmd/kdedup/inspect.go, inspectReport, and cmd/kdedup/snapshots.go, snapshotsReport)")
 	snapURL := fs.String("snapshots", "", "list the snapshots in this object store (a KDEDUP_SNAPSHOT_URL) instead of a data directory")
+	group := fs.String("group", envOr("KDEDUP_GROUP", "kdedup"), "with -snapshots: the consumer group whose snapshots to list (KDEDUP_GROUP when set)")
 	verify := fs.Bool("verify", false, "with -snapshots: download every snapshot and check it against its manifest (size, SHA-256, structure, metadata); exit 1 if any fails")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: kdedup inspect [-data-dir DIR] [-json] [-topic T] [-partition P]
-       kdedup inspect -snapshots URL [-verify] [-json] [-topic T] [-partition P]
+       kdedup inspect -snapshots URL [-group G] [-verify] [-json] [-topic T] [-partition P]
 
 Prints the dedup state of each topic-partition in DIR: checkpoint offset,
 filter parameters, watermark, every sub-filter (generation, pages, slots,
@@ -44,8 +45,8 @@ bytes) and the partition's totals. DIR is opened read-only; a running
 worker holds it locked: stop the worker, or inspect a copy or snapshot (a
 worker cannot start on DIR while inspect reads it).
 
-With -snapshots, lists the snapshots of each topic-partition in the object
-store at URL, newest first (offset, time, bytes), and with -verify checks
+With -snapshots, lists the snapshots of consumer group G's topic-partitions
+in the object store at URL, newest first (offset, time, bytes), and with -verify checks
 each one's object; the store's credentials come from the SDK's usual
 sources, as for the worker.
 
@@ -62,7 +63,7 @@ sources, as for the worker.
 		return fmt.Errorf("%w: inspect takes no arguments, got %q", errUsage, fs.Args())
 	}
 	if *snapURL != "" {
-		return inspectSnapshots(*snapURL, sel, *verify, *asJSON, stdout)
+		return inspectSnapshots(*snapURL, *group, sel, *verify, *asJSON, stdout)
 	}
 	if *verify {
 		return fmt.Errorf("%w: -verify needs -snapshots", errUsage)
@@ -443,4 +444,13 @@ func generationBounds(p filter.Params, gen int64) (start, end *string) {
 // 3339, UTC, with milliseconds.
 func recordTime(ms int64) string {
 	return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z07:00")
+}
+
+// envOr returns the environment variable name, or def when it is unset or
+// empty.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

@@ -56,12 +56,13 @@ type snapshotReport struct {
 
 // inspectSnapshots lists (and with verify, checks) the snapshots of the
 // store at rawURL selected by sel.
-func inspectSnapshots(rawURL string, sel stateFlags, verify, asJSON bool, stdout io.Writer) error {
+func inspectSnapshots(rawURL, group string, sel stateFlags, verify, asJSON bool, stdout io.Writer) error {
 	ctx := context.Background()
-	st, err := snapshot.Open(ctx, rawURL)
+	root, err := snapshot.Open(ctx, rawURL)
 	if err != nil {
 		return fmt.Errorf("%w: -snapshots: %v", errUsage, err)
 	}
+	st := root.In(group)
 	defer st.Close()
 	tps, err := st.Partitions(ctx)
 	if err != nil {

@@ -24,10 +24,11 @@ func TestInspectSnapshots(t *testing.T) {
 	ref := readChains(t, dir)
 	snapDir := t.TempDir()
 	url := "file://" + snapDir
-	st, err := snapshot.Open(t.Context(), url)
+	root, err := snapshot.Open(t.Context(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
+	st := root.In("orders-dedup")
 	defer st.Close()
 	db, err := store.Open(store.Options{Dir: dir, PageBytes: testPageBytes, ReadOnly: true, Logger: quiet})
 	if err != nil {
@@ -41,7 +42,7 @@ func TestInspectSnapshots(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		objects[s.tp] = filepath.Join(snapDir, filepath.FromSlash(m.Object))
+		objects[s.tp] = filepath.Join(snapDir, "orders-dedup", filepath.FromSlash(m.Object))
 	}
 	db.Close()
 
@@ -55,7 +56,7 @@ func TestInspectSnapshots(t *testing.T) {
 		}
 		return rep
 	}
-	out, err := run(t, "inspect", "-snapshots", url, "-verify", "-json")
+	out, err := run(t, "inspect", "-snapshots", url, "-group", "orders-dedup", "-verify", "-json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +76,10 @@ func TestInspectSnapshots(t *testing.T) {
 		}
 	}
 
+	if out, err := run(t, "inspect", "-snapshots", url, "-group", "another-group", "-json"); err != nil || len(decode(out).Partitions) != 0 {
+		t.Fatalf("another group's listing: %v\n%s", err, out)
+	}
+
 	bad := states[1].tp
 	b, err := os.ReadFile(objects[bad])
 	if err != nil {
@@ -84,7 +89,7 @@ func TestInspectSnapshots(t *testing.T) {
 	if err := os.WriteFile(objects[bad], b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err = run(t, "inspect", "-snapshots", url, "-verify", "-json")
+	out, err = run(t, "inspect", "-snapshots", url, "-group", "orders-dedup", "-verify", "-json")
 	if !errors.Is(err, errVerify) || exitCode(err) != 1 {
 		t.Fatalf("inspect -verify of a damaged snapshot: %v (exit %d), want errVerify, exit 1", err, exitCode(err))
 	}
@@ -94,7 +99,7 @@ func TestInspectSnapshots(t *testing.T) {
 			t.Errorf("%s verified %q", tp, v)
 		}
 	}
-	text, err := run(t, "inspect", "-snapshots", url, "-topic", bad.Topic, "-partition", "1")
+	text, err := run(t, "inspect", "-snapshots", url, "-group", "orders-dedup", "-topic", bad.Topic, "-partition", "1")
 	if err != nil || !strings.Contains(text, "orders/1: 1 snapshots") || strings.Contains(text, "orders/0") {
 		t.Fatalf("text listing of orders/1: %v\n%s", err, text)
 	}

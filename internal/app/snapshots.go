@@ -27,6 +27,7 @@ func openSnapshots(ctx context.Context, cfg config.Config, log *slog.Logger) (*s
 	if err != nil {
 		return nil, fmt.Errorf("%w: KDEDUP_SNAPSHOT_URL: %v", ErrConfig, err)
 	}
+	st = st.In(cfg.Group) // each group its own snapshots
 	pctx, cancel := context.WithTimeout(ctx, snapshotProbeTimeout)
 	defer cancel()
 	if err := st.Probe(pctx); err != nil {
