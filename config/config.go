@@ -87,7 +87,7 @@ type Config struct {
 
 	// Snapshots in object storage.
 	SnapshotURL      string        `env:"SNAPSHOT_URL" envDefault:"" doc:"Object store for snapshots of each partition's state, from which a partition moved to a worker without its state restores, replaying only the input after the snapshot: s3://bucket/prefix?region=R (and &endpoint=URL&use_path_style=true for S3-compatible servers), gs://bucket/prefix, azblob://container/prefix, or file:///path (a shared volume); credentials come from the cloud SDK's usual sources (environment, files, pod identity), never from this URL; empty disables snapshots"`
-	SnapshotInterval time.Duration `env:"SNAPSHOT_INTERVAL" envDefault:"1m" doc:"How often each partition's state is snapshotted while it changes, 1s to 24h; also when a partition is revoked and at shutdown"`
+	SnapshotInterval time.Duration `env:"SNAPSHOT_INTERVAL" envDefault:"2m" doc:"How often each partition's state is snapshotted while it changes, 1s to 24h; also when a partition is revoked and at shutdown"`
 	SnapshotKeep     int           `env:"SNAPSHOT_KEEP" envDefault:"3" doc:"Snapshots kept per partition, newest first, 1 to 1000; older ones are deleted after each upload"`
 
 	// Operations.

@@ -83,7 +83,7 @@ func TestLoadDefaults(t *testing.T) {
 		FlushInterval:       time.Second,
 		TransactionInterval: 100 * time.Millisecond,
 		FlushBytes:          8 << 20,
-		SnapshotInterval:    time.Minute,
+		SnapshotInterval:    2 * time.Minute,
 		SnapshotKeep:        3,
 		MaxDecompressBytes:  64 << 20,
 		HTTPAddr:            ":8080",

@@ -39,7 +39,7 @@ import (
 // have run without snapshots. The group's offset never moves.
 
 // DefaultSnapshotInterval is Options.SnapshotInterval's default.
-const DefaultSnapshotInterval = time.Minute
+const DefaultSnapshotInterval = 2 * time.Minute
 
 // snapshotMinSkip is the fewest offsets a snapshot must skip past a
 // partition's local checkpoint to be restored instead of replaying from

@@ -280,8 +280,8 @@ func TestChartEveryVariable(t *testing.T) {
 	if cfg.Capacity != 20_000_000 || cfg.TargetFPR != 1e-5 || cfg.SessionTimeout != 90*time.Second || cfg.InstanceID != "kd-kdedup-0" || cfg.SASLUsername != "user-from-secret" {
 		t.Errorf("loaded config %+v", cfg)
 	}
-	if got := pod(t, r).TerminationGracePeriodSeconds; got == nil || *got != 90+2+30 {
-		t.Errorf("terminationGracePeriodSeconds = %v, want session timeout + flush interval + 30s = 122", got)
+	if got := pod(t, r).TerminationGracePeriodSeconds; got == nil || *got != 90+2+30+30 {
+		t.Errorf("terminationGracePeriodSeconds = %v, want session timeout + flush interval + 30s + 30s for the last snapshots = 152", got)
 	}
 }
 

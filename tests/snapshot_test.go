@@ -170,7 +170,7 @@ func TestSnapshotOutlivesRetention(t *testing.T) {
 
 // TestSnapshotCrashLoop runs three worker processes in one group over 6
 // partitions, with snapshots every second, while input keeps arriving,
-// and for 12 rounds SIGKILLs one of them and restarts it on an empty data
+// and for 8 rounds SIGKILLs one of them and restarts it on an empty data
 // directory: each restart restores its partitions from snapshots (or
 // replays where none is usable yet) and replays the gap, and the kills
 // land while snapshots upload, while restores download and load, and
@@ -194,7 +194,7 @@ func TestSnapshotCrashLoop(t *testing.T) {
 		f := p.feed(t, recs, chunk, pause)
 		rng := rand.New(rand.NewPCG(uint64(len(delivery)), 21))
 		var logs []string
-		for kill := 1; kill <= 12; kill++ {
+		for kill := 1; kill <= 8; kill++ {
 			for _, pr := range procs {
 				pr.waitReady(t)
 			}
@@ -223,7 +223,7 @@ func TestSnapshotCrashLoop(t *testing.T) {
 		if restored == 0 {
 			t.Error("no partition was restored from a snapshot: the test did not test snapshots")
 		}
-		t.Logf("%s: 12 kills, each restart on an empty disk; %d partitions restored from snapshots", delivery, restored)
+		t.Logf("%s: 8 kills, each restart on an empty disk; %d partitions restored from snapshots", delivery, restored)
 		if delivery == "exactly-once" {
 			requireExact(t, want, got)
 			return

@@ -119,7 +119,9 @@ else "" (the worker's default, 45s).
 {{- else }}
 {{- $session := include "kdedup.sessionTimeout" . | default "45s" }}
 {{- $flush := .Values.storage.flushInterval | default "1s" }}
-{{- add (include "kdedup.durationSeconds" $session | int64) (include "kdedup.durationSeconds" $flush | int64) 30 }}
+{{- /* With snapshots, a stop also uploads each partition's last state (at most 30s). */}}
+{{- $snapshots := ternary 30 0 (ne (.Values.snapshots.url | default "") "") }}
+{{- add (include "kdedup.durationSeconds" $session | int64) (include "kdedup.durationSeconds" $flush | int64) 30 $snapshots }}
 {{- end }}
 {{- end }}
 
