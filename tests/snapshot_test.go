@@ -332,3 +332,44 @@ func TestSnapshotScaleOut(t *testing.T) {
 		w.stop(t)
 	}
 }
+
+// TestSnapshotReplacesDamagedState corrupts a table of a stopped worker's
+// data directory (as TestCorruptStateRefused does, which without
+// snapshots stops the worker): with snapshots the worker moves the
+// damaged files aside into a damaged-* subdirectory, keeping them, starts
+// without local state and restores its partitions from their snapshots;
+// the output of the whole stream is exactly the model's.
+func TestSnapshotReplacesDamagedState(t *testing.T) {
+	p := newPipeline(t, 2)
+	p.withSnapshots(t)
+	recs := stream(22)
+	dir := filepath.Join(t.TempDir(), "state")
+	p.runPart(t, dir, recs[:len(recs)/2])
+	tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
+	if err != nil || len(tables) == 0 {
+		t.Fatalf("no table in %s after a graceful stop (%v)", dir, err)
+	}
+	b, err := os.ReadFile(tables[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := len(b) / 2; i < len(b)/2+16; i++ {
+		b[i] ^= 0xff
+	}
+	if err := os.WriteFile(tables[0], b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.feed(t, recs[len(recs)/2:], len(recs)-len(recs)/2, 0).wait(t)
+	w := p.startWorker(t, dir)
+	w.waitReplayed(t)
+	want, got := p.output(t, recs)
+	requireExact(t, want, got)
+	if n := w.metricWith(t, "kdedup_partition_restores_total", "source", "snapshot"); n != 2 {
+		t.Errorf("%.0f partitions restored from snapshots, want 2", n)
+	}
+	kept, err := filepath.Glob(filepath.Join(dir, "damaged-*", filepath.Base(tables[0])))
+	if err != nil || len(kept) != 1 {
+		t.Fatalf("the damaged table was not kept in a damaged-* directory: %v, %v", kept, err)
+	}
+	w.stop(t)
+}

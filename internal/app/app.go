@@ -170,14 +170,26 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 	if err != nil {
 		return nil, err
 	}
-	db, err := store.Open(store.Options{
+	sopts := store.Options{
 		Dir:        cfg.DataDir,
 		PageBytes:  int(cfg.PageBytes),
 		CacheBytes: mem.Cache,
 		FlushBytes: int64(cfg.FlushBytes),
 		Logger:     log,
 		Registerer: reg,
-	})
+	}
+	db, err := store.Open(sopts)
+	if errors.Is(err, store.ErrCorrupt) && snaps != nil {
+		// With snapshots the damaged state need not stop the worker: it
+		// is kept, moved aside, and the partitions restore.
+		if aside, merr := moveAside(cfg.DataDir); merr != nil {
+			log.Error("cannot move the corrupt state aside", "dir", cfg.DataDir, "err", merr)
+		} else {
+			log.Error("the state in KDEDUP_DATA_DIR is corrupt: moved aside (kept for inspection; delete it to free its space), starting without local state; the partitions restore from snapshots (KDEDUP_SNAPSHOT_URL)",
+				"dir", cfg.DataDir, "moved_to", aside, "err", err)
+			db, err = store.Open(sopts)
+		}
+	}
 	if err != nil {
 		closeSnapshots(snaps, log)
 	}
