@@ -65,9 +65,11 @@ type snapshotter struct {
 	// uploading holds a token while an upload runs: one at a time per
 	// worker, and a wait for it ends with its context.
 	uploading chan struct{}
-	// downUntil (Unix nanoseconds): the store failed a listing; plans
-	// skip it until then instead of each waiting for the SDK's retries.
-	downUntil atomic.Int64
+	// listDownUntil and uploadDownUntil (Unix nanoseconds): the store
+	// failed a listing, or an upload; plans, or uploads, skip it until
+	// then instead of each waiting for the SDK's retries. Apart, so that a
+	// store that refuses writes still serves restores.
+	listDownUntil, uploadDownUntil atomic.Int64
 }
 
 // snapshotListTimeout bounds a plan's listing of one partition's
@@ -106,6 +108,7 @@ func newSnapshotter(w *Worker, reg prometheus.Registerer) *snapshotter {
 	for _, r := range []string{"ok", "error"} {
 		s.m.uploads.WithLabelValues(r)
 	}
+	snapshot.RemoveStaleFetches(w.opts.Dedup.StateDir())
 	for _, r := range []string{"local", "snapshot", "replay"} {
 		s.m.restores.WithLabelValues(r)
 	}
@@ -140,7 +143,7 @@ func (s *snapshotter) loop(ctx context.Context) {
 // was at least interval ago (or it has none since its assignment, an
 // interval ago).
 func (s *snapshotter) due(pw *partitionWorker, interval time.Duration) bool {
-	if pw.failed.Load() || pw.owner() != ownerLoop || time.Now().UnixNano() < s.downUntil.Load() {
+	if pw.failed.Load() || pw.owner() != ownerLoop || time.Now().UnixNano() < s.uploadDownUntil.Load() {
 		return false
 	}
 	off := pw.committed.Load()
@@ -171,7 +174,7 @@ func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why strin
 		return
 	case err != nil:
 		if ctx.Err() == nil {
-			s.downUntil.Store(time.Now().Add(snapshotDownFor).UnixNano())
+			s.uploadDownUntil.Store(time.Now().Add(snapshotDownFor).UnixNano())
 			s.m.uploads.WithLabelValues("error").Inc()
 			s.w.log.Warn("snapshot upload failed; the next one is tried in a snapshot interval", "topic", pw.topic, "partition", pw.partition, "reason", why, "err", err)
 		}
@@ -214,7 +217,7 @@ func (s *snapshotter) final(stopped []*partitionWorker) {
 		if pw.failed.Load() || pw.owner() == ownerPlan {
 			continue // failed, or released before its start was planned: nothing changed
 		}
-		if ctx.Err() != nil || time.Now().UnixNano() < s.downUntil.Load() {
+		if ctx.Err() != nil || time.Now().UnixNano() < s.uploadDownUntil.Load() {
 			s.w.log.Warn("no time left, or the store failed within 30s: not snapshotting a released partition; its next owner restores an older snapshot and replays after it", "topic", pw.topic, "partition", pw.partition, "budget", snapshotFinalBudget)
 			continue
 		}
@@ -245,8 +248,7 @@ func (w *Worker) planSnapshot(ctx context.Context, pw *partitionWorker, from, gr
 		return nil // no snapshot could skip enough of the replay
 	}
 	tp := store.TopicPartition{Topic: pw.topic, Partition: pw.partition}
-	if time.Now().UnixNano() < s.downUntil.Load() {
-		s.m.restoreFailed.Inc()
+	if time.Now().UnixNano() < s.listDownUntil.Load() {
 		return nil // logged when the listing failed
 	}
 	lctx, cancel := context.WithTimeout(ctx, snapshotListTimeout)
@@ -254,7 +256,7 @@ func (w *Worker) planSnapshot(ctx context.Context, pw *partitionWorker, from, gr
 	cancel()
 	if err != nil {
 		s.m.restoreFailed.Inc()
-		s.downUntil.Store(time.Now().Add(snapshotDownFor).UnixNano())
+		s.listDownUntil.Store(time.Now().Add(snapshotDownFor).UnixNano())
 		s.w.log.Warn("cannot list the partition's snapshots; replaying instead, and not asking the store again for 30s", "topic", pw.topic, "partition", pw.partition, "err", err)
 		return nil
 	}
@@ -297,7 +299,7 @@ func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Clien
 		// snapshot that fails here leaves the local state as it was.
 		f, err := s.st.Fetch(ctx, m, w.opts.Dedup.StateDir())
 		if err == nil {
-			err = f.Load(pw.dedup.Restore)
+			err = f.Load(ctx, pw.dedup.Restore)
 			f.Close()
 		}
 		if ctx.Err() != nil {

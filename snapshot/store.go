@@ -129,6 +129,9 @@ type Manifest struct {
 	PageBytes int   `json:"page_bytes"`
 
 	key string
+	// stored is when the store wrote the manifest (its clock, not the
+	// writer's).
+	stored time.Time
 }
 
 // TopicPartition is the snapshot's topic-partition.
@@ -263,7 +266,7 @@ func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifes
 			skipped = append(skipped, fmt.Errorf("%w: manifest %s: format %d of %s, want format %d of %s", ErrCorrupt, obj.Key, m.Format, m.TopicPartition(), FormatVersion, tp))
 			continue
 		}
-		m.key = obj.Key
+		m.key, m.stored = obj.Key, obj.ModTime
 		ms = append(ms, m)
 	}
 	slices.SortFunc(ms, func(a, b Manifest) int {
@@ -323,17 +326,12 @@ const fetchPrefix = "snapshot-download-"
 
 // Fetch downloads the snapshot m names into a new file in dir (the data
 // directory's filesystem, sized for the state, not a small /tmp) and
-// checks its size and SHA-256 against the manifest. Files of earlier
-// fetches in dir (a process killed in the middle of one) are deleted
-// first: dir belongs to one worker. It returns ErrCorrupt (wrapped) for
+// checks its size and SHA-256 against the manifest (RemoveStaleFetches
+// deletes the files of a process killed in the middle of one). It
+// returns ErrCorrupt (wrapped) for
 // an object that is missing or not the manifest's, and the store's error
 // when it cannot be read; either way nothing is left in dir.
 func (s *Store) Fetch(ctx context.Context, m Manifest, dir string) (*Fetched, error) {
-	if old, err := filepath.Glob(filepath.Join(dir, fetchPrefix+"*")); err == nil {
-		for _, o := range old {
-			_ = os.Remove(o)
-		}
-	}
 	r, err := s.b.NewReader(ctx, m.Object, nil)
 	if err != nil {
 		if gcerrors.Code(err) == gcerrors.NotFound {
@@ -369,14 +367,34 @@ func (s *Store) Fetch(ctx context.Context, m Manifest, dir string) (*Fetched, er
 }
 
 // Load hands the fetched snapshot to into, as Store.Load does (the
-// structure is checked as the pages are read, ErrCorrupt if wrong).
-func (f *Fetched) Load(into func(img store.Image, pages func(put func(filter.PageID, []byte) error) error) error) error {
+// structure is checked as the pages are read, ErrCorrupt if wrong). When
+// ctx ends, the pages stop at the next 256 with ctx's error, so that a
+// revocation does not wait for a whole import.
+func (f *Fetched) Load(ctx context.Context, into func(img store.Image, pages func(put func(filter.PageID, []byte) error) error) error) error {
 	d, err := newDecoder(bufio.NewReaderSize(f.f, 1<<20), f.m)
 	if err != nil {
 		return err
 	}
 	defer d.close()
-	return into(d.img, d.pages)
+	return into(d.img, func(put func(filter.PageID, []byte) error) error {
+		n := 0
+		return d.pages(func(id filter.PageID, b []byte) error {
+			if n++; n%256 == 0 && ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return put(id, b)
+		})
+	})
+}
+
+// RemoveStaleFetches deletes the files Fetch left in dir when its process
+// was killed in the middle of one; call it before any Fetch into dir.
+func RemoveStaleFetches(dir string) {
+	if old, err := filepath.Glob(filepath.Join(dir, fetchPrefix+"*")); err == nil {
+		for _, o := range old {
+			_ = os.Remove(o)
+		}
+	}
 }
 
 // Close removes the downloaded file.
@@ -396,10 +414,11 @@ func (s *Store) Prune(ctx context.Context, tp store.TopicPartition, keep int, gr
 	if err != nil {
 		return 0, err
 	}
-	// The newest by creation, not by offset: after the group's offsets
-	// were reset backwards, snapshots of higher offsets must age out
-	// rather than crowd out every new one.
-	slices.SortStableFunc(ms, func(a, b Manifest) int { return b.Created.Compare(a.Created) })
+	// The newest by the store's clock, not by offset (after the group's
+	// offsets were reset backwards, snapshots of higher offsets must age
+	// out rather than crowd out every new one) nor by the writer's clock
+	// (one worker's clock ahead would make its snapshots outlive all).
+	slices.SortStableFunc(ms, func(a, b Manifest) int { return b.stored.Compare(a.stored) })
 	named := map[string]bool{}
 	for i, m := range ms {
 		if i < keep {

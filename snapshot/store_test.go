@@ -516,3 +516,79 @@ func TestTwoOwners(t *testing.T) {
 		}
 	}
 }
+
+// TestFetchThenLoad: a fetched snapshot loads equal to its source from
+// the local file, even once the store has lost the object; Load stops
+// with the context's error part way when the context ends (a revocation
+// must not wait for a whole import); a damaged object is refused by
+// Fetch itself, leaving nothing in the directory.
+func TestFetchThenLoad(t *testing.T) {
+	st, dir := openStore(t)
+	ctx := context.Background()
+	src := newSource(4, 1000, 77)
+	m, err := st.Put(ctx, tp, src.export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := t.TempDir()
+	f, err := st.Fetch(ctx, m, local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, filepath.FromSlash(m.Object))); err != nil {
+		t.Fatal(err)
+	}
+	got := &source{pages: map[filter.PageID][]byte{}}
+	if err := f.Load(ctx, func(img store.Image, pages func(func(filter.PageID, []byte) error) error) error {
+		got.img = img
+		return pages(func(id filter.PageID, b []byte) error {
+			got.pages[id] = append([]byte{}, b...)
+			return nil
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.equal(got); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	m2, err := st.Put(ctx, tp, src.export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err = st.Fetch(ctx, m2, local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	n := 0
+	err = f.Load(cctx, func(_ store.Image, pages func(func(filter.PageID, []byte) error) error) error {
+		return pages(func(filter.PageID, []byte) error {
+			if n++; n == 10 {
+				cancel()
+			}
+			return nil
+		})
+	})
+	f.Close()
+	if !errors.Is(err, context.Canceled) || n >= 1000 {
+		t.Fatalf("Load with its context ended after 10 pages: %v after %d pages, want context.Canceled before the 1000", err, n)
+	}
+
+	obj := filepath.Join(dir, filepath.FromSlash(m2.Object))
+	b, err := os.ReadFile(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-5] ^= 1
+	if err := os.WriteFile(obj, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Fetch(ctx, m2, local); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Fetch of a damaged object = %v, want ErrCorrupt", err)
+	}
+	if left, _ := os.ReadDir(local); len(left) != 0 {
+		t.Fatalf("files left after fetches: %v", left)
+	}
+}

@@ -129,9 +129,6 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 	if err := p.db.checkFreeSpace(); err != nil {
 		return fmt.Errorf("store: importing %s: %w", p.tp, err)
 	}
-	p.Discard()
-	p.meta, p.cp, p.hasCP = nil, Checkpoint{}, false
-	p.reclaim, p.obsolete, p.consolidated = nil, nil, false
 	if err := p.db.bdb.Update(func(txn *badger.Txn) error {
 		if err := txn.Set(importingKey(p.prefix), nil); err != nil {
 			return err
@@ -141,14 +138,20 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 		}
 		return txn.Delete(checkpointKey(p.prefix))
 	}); err != nil {
-		return fmt.Errorf("store: importing %s: marking the import: %w", p.tp, err)
+		return fmt.Errorf("store: importing %s: marking the import: %w", p.tp, err) // nothing replaced
 	}
+	p.Discard()
+	p.meta, p.cp, p.hasCP = nil, Checkpoint{}, false
+	p.reclaim, p.obsolete, p.consolidated = nil, nil, false
 	// From here on a failure leaves no state: what was imported is deleted
 	// with the marker (or, if that fails too, when the partition is next
 	// opened), so that nothing reads a partial image as pages.
 	fail := func(err error) error {
 		if cerr := p.finishInterruptedImport(); cerr != nil {
+			// The partial import stays (marked): a storage failure, whatever
+			// ended the import, so its cause is not wrapped.
 			p.db.logger.Error("deleting an import that failed; it is deleted when the partition is next opened", "partition", p.tp.String(), "err", cerr)
+			return fmt.Errorf("store: importing %s: %v; deleting the partial import failed: %w", p.tp, err, cerr)
 		}
 		return fmt.Errorf("store: importing %s: %w", p.tp, err)
 	}

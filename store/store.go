@@ -39,6 +39,10 @@ var (
 	ErrClosed = errors.New("store: closed")
 	// ErrLocked is returned by Open when another process holds the directory.
 	ErrLocked = errors.New("store: directory in use by another process")
+	// ErrLayoutVersion is returned (wrapped, with ErrCorrupt) by Open for
+	// a store of another layout version: undamaged state this build cannot
+	// read (a binary rolled back or forward).
+	ErrLayoutVersion = errors.New("store: another layout version")
 	// ErrReadOnly is returned by Commit on a DB opened with ReadOnly.
 	ErrReadOnly = errors.New("store: read-only")
 	// ErrInvalidOptions is returned by Open for Options it cannot honour.
@@ -503,8 +507,8 @@ func (db *DB) checkLayout() error {
 	case err != nil:
 		return fmt.Errorf("store: reading the layout version in %s: %w", db.where, err)
 	case found && version != layoutVersion:
-		return fmt.Errorf("store: opening %s: layout version %d on disk, this build reads version %d: %w",
-			db.where, version, layoutVersion, ErrCorrupt)
+		return fmt.Errorf("store: opening %s: layout version %d on disk, this build reads version %d: %w: %w",
+			db.where, version, layoutVersion, ErrLayoutVersion, ErrCorrupt)
 	case found:
 		return nil
 	case !empty:

@@ -179,7 +179,7 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 		Registerer: reg,
 	}
 	db, err := store.Open(sopts)
-	if errors.Is(err, store.ErrCorrupt) && snaps != nil {
+	if errors.Is(err, store.ErrCorrupt) && !errors.Is(err, store.ErrLayoutVersion) && snaps != nil {
 		// With snapshots the damaged state need not stop the worker: it
 		// is kept, moved aside, and the partitions restore.
 		if aside, merr := moveAside(cfg.DataDir); merr != nil {

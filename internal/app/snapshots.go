@@ -69,8 +69,8 @@ func moveAside(dir string) (string, error) {
 		return "", err
 	}
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), damagedPrefix) {
-			continue
+		if strings.HasPrefix(e.Name(), damagedPrefix) || e.Name() == "lost+found" {
+			continue // earlier damage; a filesystem's own directory at a volume's root
 		}
 		if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(aside, e.Name())); err != nil {
 			return "", err
