@@ -101,10 +101,6 @@ func (s *Store) In(namespace string) *Store {
 	return &Store{b: blob.PrefixedBucket(s.b, namespace+"/"), where: strings.TrimSuffix(s.where, "/") + "/" + namespace}
 }
 
-// NewStore returns a Store over b (closed by Store.Close), named where in
-// errors.
-func NewStore(b *blob.Bucket, where string) *Store { return &Store{b: b, where: where} }
-
 // String returns the store's URL without its query.
 func (s *Store) String() string { return s.where }
 
