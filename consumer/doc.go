@@ -76,6 +76,10 @@
 //   - startoffset.go: new partitions told from old ones for StartAtLatest.
 //   - restore.go: replaying input into a partition's filter with a restore
 //     client of its own.
+//   - snapshot.go: with Options.Snapshots, uploading each partition's
+//     state every SnapshotInterval and when it is released, and restoring
+//     a partition from its newest usable snapshot before the replay (the
+//     plan chooses, the restore goroutine loads; package snapshot).
 //   - deadletter.go: records that cannot be forwarded (dead letters) and
 //     the errors that stop the worker (RecordError; TopicError, which
 //     names a topic by its role, TopicRole).

@@ -311,7 +311,7 @@ func (s *Store) Load(ctx context.Context, m Manifest, into func(img store.Image,
 // Fetched is a snapshot downloaded to a local file and checked against
 // its manifest (size and SHA-256): loading it reads no byte from the
 // store, so a snapshot that fails is refused before any state is
-// replaced. Close removes the file.
+// replaced. Close removes the file. Not safe for concurrent use.
 type Fetched struct {
 	m Manifest
 	f *os.File
