@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/dgraph-io/badger/v4"
+
 	"github.com/kdedup/kdedup/filter"
 )
 
@@ -251,6 +253,42 @@ func TestInterruptedImport(t *testing.T) {
 	}
 	if tps, err := db.Partitions(); err != nil || len(tps) != 0 {
 		t.Fatalf("Partitions = %v, %v; want none left", tps, err)
+	}
+
+	// A crash in the middle of an import: its marker and some pages in
+	// Badger, no metadata or checkpoint yet (the import's first writes,
+	// without the cleanup a failing source gets). Opening the partition
+	// must delete them and report no state.
+	p.Close()
+	prefix := partitionPrefix("events", 0)
+	if err := db.bdb.Update(func(txn *badger.Txn) error {
+		if err := txn.Set(importingKey(prefix), nil); err != nil {
+			return err
+		}
+		for _, id := range ids[:5] {
+			v := make([]byte, pageBaseHeader+pb)
+			copy(v[pageBaseHeader:], pageBytes(pb, id, 3))
+			if err := txn.Set(pageKey(prefix, id), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = db.Partition("events", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := p.Checkpoint(); ok {
+		t.Fatal("state after opening a crashed import")
+	}
+	for _, id := range ids {
+		if !bytes.Equal(mustPage(t, p, id), zero) {
+			t.Fatalf("%v of a crashed import read as a page", id)
+		}
+	}
+	if tps, err := db.Partitions(); err != nil || len(tps) != 0 {
+		t.Fatalf("Partitions after a crashed import = %v, %v; want none left", tps, err)
 	}
 }
 
