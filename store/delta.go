@@ -230,6 +230,79 @@ func (p *PartitionState) readPageAt(it *badger.Iterator, prefix []byte) (data []
 	return data, log, found, nil
 }
 
+// maxPointDeltas is the most live deltas a page may have for readKnown to
+// read it: a point lookup per entry costs less than listing them through
+// an iterator while they are few. A Badger iterator seeks in a table of
+// every level and reads past the page's last entry; a point lookup skips
+// the tables whose bloom filter rules the key out and stops at the entry
+// (BENCHMARKS.md, "Page reads by point lookups").
+const maxPointDeltas = 2
+
+// readKnown reads the page whose key is prefix and whose stored entries lg
+// describes (PartitionState.storedLog: its base, written with lg.baseSeq,
+// and its live deltas lg.baseSeq+1 to lg.lastSeq), with a point lookup of
+// each entry, into a new PageBytes slice. found reports whether any entry
+// of the page is stored. ok is false when the entries found are not those
+// of lg (a base of another sequence number, a delta missing); then data is
+// nil and the caller reads the page by listing its entries (foldPage).
+// Errors are foldPage's.
+func (p *PartitionState) readKnown(txn *badger.Txn, prefix []byte, lg pageLog) (data []byte, found, ok bool, err error) {
+	pb := p.db.opts.PageBytes
+	data = make([]byte, pb)
+	item, err := txn.Get(prefix)
+	switch {
+	case errors.Is(err, badger.ErrKeyNotFound):
+		if lg.baseSeq != 0 {
+			return nil, false, false, nil
+		}
+	case err != nil:
+		return nil, false, false, err
+	default:
+		found = true
+		var seq uint32
+		err = item.Value(func(v []byte) error {
+			if len(v) < pageBaseHeader {
+				return fmt.Errorf("stored page entry is %d bytes, shorter than its %d-byte header: %w", len(v), pageBaseHeader, errBadEntry)
+			}
+			if len(v) != pageBaseHeader+pb {
+				return fmt.Errorf("stored page is %d bytes, want %d: %w", len(v)-pageBaseHeader, pb, errBadEntry)
+			}
+			seq = binary.BigEndian.Uint32(v)
+			copy(data, v[pageBaseHeader:])
+			return nil
+		})
+		if err != nil {
+			return nil, true, false, err
+		}
+		if seq != lg.baseSeq {
+			return nil, true, false, nil
+		}
+	}
+	key := make([]byte, len(prefix)+deltaSeqBytes)
+	copy(key, prefix)
+	for seq := lg.baseSeq + 1; seq <= lg.lastSeq; seq++ {
+		binary.BigEndian.PutUint32(key[len(prefix):], seq)
+		item, err := txn.Get(key)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return nil, found, false, nil
+		}
+		if err != nil {
+			return nil, found, false, err
+		}
+		found = true
+		err = item.Value(func(v []byte) error {
+			if err := applyDelta(data, v); err != nil {
+				return fmt.Errorf("delta %d: %w: %w", seq, err, errBadEntry)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, true, false, err
+		}
+	}
+	return data, found, true, nil
+}
+
 // foldPage reads the entries of the page whose key is prefix into data
 // (zeros, PageBytes long), it being at the page's first entry or past
 // it: the base, then the deltas after it applied in order. It leaves it

@@ -94,6 +94,11 @@ func testDeltaRandomized(t *testing.T, pb int, rng *rand.Rand) {
 		return make([]byte, pb)
 	}
 	var deltasSeen, consolidations, consolidated int
+	var pointReads, pointMisses uint64
+	counted := func() {
+		pointReads += p.pointReads.Load()
+		pointMisses += p.pointMisses.Load()
+	}
 	for step := range 4000 {
 		switch r := rng.IntN(100); {
 		case r < 75: // write some byte ranges of one page
@@ -159,6 +164,7 @@ func testDeltaRandomized(t *testing.T, pb int, rng *rand.Rand) {
 				}
 				consolidated++
 			}
+			checkStoredLogs(t, p, step)
 			bases, deltas := storedEntries(t, p)
 			for id, seqs := range deltas {
 				base := bases[id] // 0 without a base: no delta is obsolete
@@ -191,6 +197,7 @@ func testDeltaRandomized(t *testing.T, pb int, rng *rand.Rand) {
 			current = copyPages(committed)
 			dropped = dropped[:0]
 		case r < 95: // reopen: every page read back from Badger
+			counted()
 			p.Close()
 			p = partitionT(t, db, "orders", 7)
 			current = copyPages(committed)
@@ -229,7 +236,43 @@ func testDeltaRandomized(t *testing.T, pb int, rng *rand.Rand) {
 	if deltasSeen < 2 || consolidations == 0 || consolidated == 0 {
 		t.Fatalf("the workload did not reach the thresholds: at most %d live deltas per page, %d consolidated bases", deltasSeen, consolidations)
 	}
-	t.Logf("up to %d live deltas per page, %d consolidated bases seen", deltasSeen, consolidations)
+	counted()
+	// Pages evicted from the 3-page cache are read again by point lookups
+	// of the entries their PartitionState knows, and those are always
+	// the stored ones.
+	if pointReads == 0 || pointMisses != 0 {
+		t.Fatalf("%d pages read by point lookups, %d of them with entries other than the known ones; want some and none", pointReads, pointMisses)
+	}
+	t.Logf("up to %d live deltas per page, %d consolidated bases seen, %d point reads", deltasSeen, consolidations, pointReads)
+}
+
+// checkStoredLogs fails t unless every page log p keeps beyond the cache
+// (pageChunk.stored) describes the page's stored entries as listing them
+// does: its base's sequence number, its last live delta and their bytes.
+func checkStoredLogs(t *testing.T, p *PartitionState, step int) {
+	t.Helper()
+	for _, st := range p.table.subs {
+		for c, ch := range st.chunks {
+			if ch == nil {
+				continue
+			}
+			for i := range chunkPages {
+				known, ok := ch.storedLog(i)
+				if !ok {
+					continue
+				}
+				id := filter.PageID{SubFilter: st.id, Page: uint32(c*chunkPages + i)}
+				_, lg, _, err := readPageT(p, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if known.baseSeq != lg.baseSeq || known.lastSeq != lg.lastSeq || known.deltaBytes != lg.deltaBytes {
+					t.Fatalf("step %d: %s is known as base %d, last delta %d, %d delta bytes; stored: %d, %d, %d",
+						step, fmtPageID(id), known.baseSeq, known.lastSeq, known.deltaBytes, lg.baseSeq, lg.lastSeq, lg.deltaBytes)
+				}
+			}
+		}
+	}
 }
 
 func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) int64 {

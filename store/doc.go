@@ -90,6 +90,17 @@
 // page has never been written whole: zeros) and the deltas written since,
 // under the base's key followed by a sequence number, so that one prefix
 // iteration reads the base and then the deltas in the order they apply.
+// A PartitionState keeps what it last learnt of each page's stored entries
+// (the base's sequence number and the live deltas', from a read or its own
+// write batch) after the page leaves the cache, and reads a page known to
+// have at most maxPointDeltas live deltas by a point lookup of each entry
+// instead: Badger's Get skips every table whose bloom filter rules the key
+// out and stops at the entry, where an iterator seeks in a table of every
+// level and reads past the page's last entry. With the state 4x the page
+// cache most pages read are those of older sub-filters, whose deltas were
+// folded in long ago (BENCHMARKS.md, "Page reads by point lookups"). What
+// it knows is lost when the PartitionState closes, so the first read of
+// each page after Open lists its entries.
 //
 // Consolidation bounds the deltas: when a page's live deltas would pass
 // half a page (maxDeltaBytes, keys included), the write batch writes the

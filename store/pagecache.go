@@ -26,8 +26,8 @@ import (
 // lookup, list move and lock cost about a quarter of the CPU per record
 // at 20M keys held (BENCHMARKS.md, "Page table").
 
-// chunkPages is the number of page slots of a pageChunk: 256 slots of 16
-// bytes, 4 KiB of table per MiB of 4 KiB pages.
+// chunkPages is the number of page slots of a pageChunk: 256 slots of 40
+// bytes, 10 KiB of table per MiB of 4 KiB pages.
 const chunkPages = 256
 
 // pageChunk holds the slots of chunkPages consecutive pages of one
@@ -39,6 +39,24 @@ type pageChunk struct {
 	// dirty is the page's dirty record (PartitionState.dirty), nil when it
 	// is clean. The owner's alone.
 	dirty [chunkPages]*dirtyPage
+	// stored is what the owner last learnt of each page's stored entries,
+	// from a read or a committed write batch, where known has the page's
+	// bit set. It outlives the clean page's eviction, so that reading the
+	// page again can look up exactly the entries it has
+	// (PartitionState.readKnown). The owner's alone.
+	stored [chunkPages]pageLog
+	known  [chunkPages / 64]uint64
+}
+
+// setStored records lg as what page i's stored entries are.
+func (c *pageChunk) setStored(i int, lg pageLog) {
+	c.stored[i] = lg
+	c.known[i/64] |= 1 << (i % 64)
+}
+
+// storedLog returns what page i's stored entries are, if known.
+func (c *pageChunk) storedLog(i int) (pageLog, bool) {
+	return c.stored[i], c.known[i/64]&(1<<(i%64)) != 0
 }
 
 // subTable is the slots of one sub-filter's pages, created chunk by chunk

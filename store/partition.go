@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -74,6 +75,11 @@ type PartitionState struct {
 	consolidated bool
 	// misses counts page lookups that read Badger (CacheMisses).
 	misses uint64
+	// pointReads counts pages read by point lookups of their known
+	// entries (loadKnown), pointMisses those whose entries were not the
+	// ones known and were listed instead; atomic, since Prefetch's
+	// readers count them.
+	pointReads, pointMisses atomic.Uint64
 	// prefetchIDs and prefetchSeen are Prefetch's buffers, reused.
 	prefetchIDs  []filter.PageID
 	prefetchSeen map[filter.PageID]struct{}
@@ -297,20 +303,39 @@ func (p *PartitionState) Peek(id filter.PageID) []byte {
 	return nil
 }
 
-// cache adds c, the clean page id, to the DB's page cache.
+// cache adds c, the clean page id read from Badger, to the DB's page cache,
+// and keeps its log beyond it.
 func (p *PartitionState) cache(id filter.PageID, c *cachedPage) {
 	ch, i := p.table.slot(id, true)
+	ch.setStored(i, c.log)
 	p.db.cache.add(&ch.clean[i], c)
 }
 
-// load1 reads page id and its log from Badger.
+// storedLog returns what page id's stored entries are, if p knows.
+func (p *PartitionState) storedLog(id filter.PageID) (pageLog, bool) {
+	ch, i := p.table.slot(id, false)
+	if ch == nil {
+		return pageLog{}, false
+	}
+	return ch.storedLog(i)
+}
+
+// load1 reads page id and its log from Badger: with point lookups when p
+// knows its stored entries (loadKnown), else by listing them.
 func (p *PartitionState) load1(id filter.PageID) (*cachedPage, error) {
 	var (
 		c    *cachedPage
 		lerr error
 	)
+	lg, known := p.storedLog(id)
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
 		prefix := pageKey(p.prefix, id)
+		if known {
+			var ok bool
+			if c, ok, lerr = p.loadKnown(txn, id, prefix, lg); ok || lerr != nil {
+				return nil
+			}
+		}
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
 		defer it.Close()
 		c, lerr = p.loadAt(it, id, prefix)
@@ -330,20 +355,53 @@ func (p *PartitionState) loadAt(it *badger.Iterator, id filter.PageID, prefix []
 	var found bool
 	var err error
 	c.data, c.log, found, err = p.readPageAt(it, prefix)
-	switch {
-	case errors.Is(err, errBadEntry):
-		return nil, p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp,
-			corruptError(p.db.where, err.Error())))
-	case err != nil && isChecksumError(err):
-		return nil, p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w",
-			fmtPageID(id), p.tp, corruptError(p.db.where, err.Error())))
-	case err != nil:
-		return nil, fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, err)
+	if err != nil {
+		return nil, p.readFailed(id, err)
 	}
 	if found {
 		p.db.metrics.pageReads.Inc()
 	}
 	return &c, nil
+}
+
+// loadKnown reads page id, whose stored entries lg describes, with a point
+// lookup of each (readKnown) and counts the read. ok is false, with
+// nothing read, when the page has more live deltas than maxPointDeltas or
+// its entries are not those of lg; the caller then lists them (loadAt).
+// Errors are loadAt's.
+func (p *PartitionState) loadKnown(txn *badger.Txn, id filter.PageID, prefix []byte, lg pageLog) (*cachedPage, bool, error) {
+	if lg.lastSeq-lg.baseSeq > maxPointDeltas {
+		return nil, false, nil
+	}
+	data, found, ok, err := p.readKnown(txn, prefix, lg)
+	if err != nil {
+		return nil, false, p.readFailed(id, err)
+	}
+	if !ok {
+		p.pointMisses.Add(1)
+		return nil, false, nil
+	}
+	p.pointReads.Add(1)
+	if found {
+		p.db.metrics.pageReads.Inc()
+	}
+	return &cachedPage{data: data, log: lg}, true, nil
+}
+
+// readFailed returns err, an error reading page id, as Page reports it: a
+// stored entry that cannot be right is ErrCorrupt (logged and counted as
+// corruption).
+func (p *PartitionState) readFailed(id filter.PageID, err error) error {
+	switch {
+	case errors.Is(err, errBadEntry):
+		return p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp,
+			corruptError(p.db.where, err.Error())))
+	case isChecksumError(err):
+		return p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w",
+			fmtPageID(id), p.tp, corruptError(p.db.where, err.Error())))
+	default:
+		return fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, err)
+	}
 }
 
 // MarkDirty records that page, the slice Page returned for id, was modified
@@ -390,11 +448,14 @@ func (p *PartitionState) markDirty(id filter.PageID, page []byte) *dirtyPage {
 	d := &dirtyPage{data: page}
 	// The page's log comes from the record Page returned. Another PartitionState
 	// sharing the cache may have evicted it since, hence p.last.
+	lg, known := ch.storedLog(i)
 	switch c := ch.clean[i].Load(); {
 	case p.last != nil && p.lastID == id:
 		d.log = p.last.log
 	case c != nil:
 		d.log = c.log
+	case known:
+		d.log = lg
 	default:
 		// Marked without a Page call first: the log must come from Badger.
 		c, err := p.load1(id)
@@ -520,6 +581,7 @@ func (p *PartitionState) Commit(meta []byte, cp Checkpoint) error {
 		}
 		ch, i := p.table.slot(id, true)
 		ch.dirty[i] = nil
+		ch.setStored(i, lg)
 		p.db.cache.add(&ch.clean[i], &cachedPage{data: d.data, log: lg})
 		p.recycle(d)
 	}

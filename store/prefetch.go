@@ -80,6 +80,13 @@ func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 	slices.SortFunc(want, func(a, b filter.PageID) int {
 		return cmp.Or(cmp.Compare(a.SubFilter, b.SubFilter), cmp.Compare(a.Page, b.Page))
 	})
+	// Pages whose stored entries p knows are read by point lookups
+	// (loadKnown); an iterator is built for the others only.
+	logs := make([]pageLog, len(want))
+	known := make([]bool, len(want))
+	for i, id := range want {
+		logs[i], known[i] = p.storedLog(id)
+	}
 	pages := make([]*cachedPage, len(want))
 	errs := make([]error, len(want))
 	workers := min(PrefetchWorkers, len(want))
@@ -87,14 +94,29 @@ func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 	for w := range workers {
 		lo, hi := w*len(want)/workers, (w+1)*len(want)/workers
 		wg.Go(func() {
-			// loadAt only reads the PartitionState's immutable fields and
-			// the DB; each worker reads in its own Badger read-only
-			// transaction, which Badger allows concurrently.
+			// loadAt and loadKnown only read the PartitionState's immutable
+			// fields and the DB, and count in atomics; each worker reads
+			// in its own Badger read-only transaction, which Badger allows
+			// concurrently.
 			err := p.db.bdb.View(func(txn *badger.Txn) error {
-				it := txn.NewIterator(badger.IteratorOptions{Prefix: p.prefix})
-				defer it.Close()
+				var it *badger.Iterator
+				defer func() {
+					if it != nil {
+						it.Close()
+					}
+				}()
 				for i := lo; i < hi; i++ {
-					pages[i], errs[i] = p.loadAt(it, want[i], pageKey(p.prefix, want[i]))
+					prefix := pageKey(p.prefix, want[i])
+					if known[i] {
+						var ok bool
+						if pages[i], ok, errs[i] = p.loadKnown(txn, want[i], prefix, logs[i]); ok || errs[i] != nil {
+							continue
+						}
+					}
+					if it == nil {
+						it = txn.NewIterator(badger.IteratorOptions{Prefix: p.prefix})
+					}
+					pages[i], errs[i] = p.loadAt(it, want[i], prefix)
 				}
 				return nil
 			})

@@ -28,7 +28,9 @@ func counter(t testing.TB, c prometheus.Counter) float64 {
 // TestPrefetchRandomizedAgainstModel is TestRandomizedAgainstModel with
 // prefetches of random sets of pages among the steps (whole-page writes and
 // deltas, commits, discards, reopens), over a cache of four pages: every
-// page read, with or without a prefetch before it, equals the model.
+// page read, with or without a prefetch before it, equals the model. Pages
+// evicted and prefetched again are read by point lookups of the entries
+// the partition knows, never finding others.
 func TestPrefetchRandomizedAgainstModel(t *testing.T) {
 	const pb = 64
 	db := openT(t, Options{InMemory: true, PageBytes: pb, FlushBytes: smallFlush, CacheBytes: 4 * pb})
@@ -40,7 +42,7 @@ func TestPrefetchRandomizedAgainstModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { p.Close() }()
-	var stamp uint64
+	var stamp, prefetchPoint, pointMisses uint64
 	for step := range 3000 {
 		switch r := rng.IntN(100); {
 		case r < 25:
@@ -63,9 +65,11 @@ func TestPrefetchRandomizedAgainstModel(t *testing.T) {
 			for range rng.IntN(12) {
 				batch = append(batch, ids[rng.IntN(len(ids))])
 			}
+			before := p.pointReads.Load()
 			if err := p.Prefetch(batch); err != nil {
 				t.Fatalf("step %d: Prefetch: %v", step, err)
 			}
+			prefetchPoint += p.pointReads.Load() - before
 			for _, id := range batch {
 				if got := mustPage(t, p, id); !bytes.Equal(got, m.page(id)) {
 					t.Fatalf("step %d: page %v after Prefetch differs from the model", step, id)
@@ -86,6 +90,7 @@ func TestPrefetchRandomizedAgainstModel(t *testing.T) {
 			p.Discard()
 			clear(m.dirty)
 		default:
+			pointMisses += p.pointMisses.Load()
 			p.Close()
 			clear(m.dirty)
 			if p, err = db.Partition("events", 7); err != nil {
@@ -98,6 +103,9 @@ func TestPrefetchRandomizedAgainstModel(t *testing.T) {
 	}
 	if err := m.diff(p, ids); err != nil {
 		t.Fatal(err)
+	}
+	if pointMisses += p.pointMisses.Load(); prefetchPoint == 0 || pointMisses != 0 {
+		t.Fatalf("Prefetch read %d pages by point lookups, %d point reads found other entries; want some and none", prefetchPoint, pointMisses)
 	}
 }
 
