@@ -58,6 +58,63 @@ func BenchmarkPageCached(b *testing.B) {
 	}
 }
 
+// BenchmarkPageReadTables measures Page of a committed page that is not
+// cached, stored in Badger's tables rather than its memtable (128 MiB of
+// pages written in 16 write batches, each page whole and then with one
+// delta): read by point lookups of its base and delta when the partition
+// knows its entries (known), and by listing them through an iterator when
+// it does not (listed: the first read of each page after Open, and every
+// read before the partition kept what it knew beyond the cache).
+func BenchmarkPageReadTables(b *testing.B) {
+	db := openT(b, Options{Dir: b.TempDir(), CacheBytes: DefaultPageBytes})
+	p := partitionT(b, db, "orders", 0)
+	ids := universe(16, 2048) // 2,048 pages: FlushBytes, the most one write batch holds
+	for round := range 2 {
+		for i, id := range ids {
+			page, err := p.Page(id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			page[round] = 1
+			if round == 0 {
+				p.MarkDirty(id, page)
+			} else {
+				p.MarkChanged(id, page, round, 1)
+			}
+			if (i+1)%2048 == 0 {
+				if err := p.Commit(nil, Checkpoint{Offset: int64(i)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	for _, known := range []bool{true, false} {
+		name := "listed"
+		if known {
+			name = "known"
+		}
+		b.Run(name, func(b *testing.B) {
+			reads0, misses0 := p.pointReads.Load(), p.misses
+			for i := range b.N {
+				// Stride through the pages so that the one-page cache never hits.
+				id := ids[(i*7919)%len(ids)]
+				if !known {
+					ch, j := p.table.slot(id, false)
+					ch.known[j/64] &^= 1 << (j % 64)
+				}
+				if _, err := p.Page(id); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			got, misses := p.pointReads.Load()-reads0, p.misses-misses0
+			if misses == 0 || known && got != misses || !known && got != 0 {
+				b.Fatalf("%d of %d pages read from Badger were read by point lookups", got, misses)
+			}
+		})
+	}
+}
+
 // BenchmarkPageRead measures Page of a committed page that is not cached: a
 // Badger point read, the cost a cache miss adds.
 func BenchmarkPageRead(b *testing.B) {

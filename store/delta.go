@@ -43,7 +43,19 @@ type cachedPage struct {
 	ref atomic.Bool
 	// ring is the page's entry in the pageCache.
 	ring int32
+	// spared is set by the pageCache's hand when it passes over a listed
+	// page (costlyToRead) whose reference bit is clear, and cleared with
+	// the bit: such a page is evicted at the hand's second pass without a
+	// read, not its first. Under the pageCache's lock only.
+	spared bool
 }
+
+// costlyToRead reports whether a page whose stored entries are lg is read
+// by listing them through an iterator (more live deltas than
+// maxPointDeltas), at about three times the CPU of a point lookup
+// (BENCHMARKS.md, "Page reads by point lookups"): the pageCache keeps
+// such pages twice as long.
+func costlyToRead(lg pageLog) bool { return lg.lastSeq-lg.baseSeq > maxPointDeltas }
 
 // touch sets c's reference bit, writing it only when it is clear so that
 // a hot page's cache line is not written on every read.

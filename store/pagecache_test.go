@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -306,5 +307,43 @@ func TestPeekReadsNothing(t *testing.T) {
 	}
 	if got := p.Peek(id(0)); got == nil || got[0] != 7 {
 		t.Fatalf("Peek of a cached page = %v, want its bytes", got)
+	}
+}
+
+// TestCostlyPagesGetAnotherPass: with every page's reference bit clear,
+// the hand evicts the pages a point lookup reads again (at most
+// maxPointDeltas live deltas) and passes once over those read by listing
+// their entries (costlyToRead), evicting them only at its next pass if they
+// were not read in between; a read clears the pass they were spared.
+func TestCostlyPagesGetAnotherPass(t *testing.T) {
+	pc := newPageCache(4)
+	slots := make([]atomic.Pointer[cachedPage], 9)
+	costly := pageLog{baseSeq: 3, lastSeq: 3 + maxPointDeltas + 1}
+	cheap := pageLog{baseSeq: 3, lastSeq: 3 + maxPointDeltas}
+	for i, lg := range []pageLog{costly, cheap, costly, cheap} {
+		pc.add(&slots[i], &cachedPage{log: lg})
+	}
+	cached := func() (s string) {
+		for i := range slots {
+			if slots[i].Load() != nil {
+				s += fmt.Sprint(i)
+			}
+		}
+		return s
+	}
+	pc.add(&slots[4], &cachedPage{log: cheap}) // clears every bit, spares 0, evicts 1
+	pc.add(&slots[5], &cachedPage{log: cheap}) // spares 2, evicts 3
+	if got := cached(); got != "0245" {
+		t.Fatalf("cached pages %s after two adds, want 0245 (the cheap pages 1 and 3 evicted)", got)
+	}
+	slots[2].Load().touch()
+	pc.add(&slots[6], &cachedPage{log: cheap}) // evicts 0, spared already and not read since
+	pc.add(&slots[7], &cachedPage{log: cheap}) // clears the bits of 4, 2 (read: no longer spared), 5 and 6, evicts 4
+	if got := cached(); got != "2567" {
+		t.Fatalf("cached pages %s after four adds, want 2567", got)
+	}
+	pc.add(&slots[8], &cachedPage{log: cheap}) // spares 2 again, evicts 5
+	if got := cached(); got != "2678" {
+		t.Fatalf("cached pages %s after five adds, want 2678", got)
 	}
 }
