@@ -253,10 +253,12 @@ const maxPointDeltas = 2
 // readKnown reads the page whose key is prefix and whose stored entries lg
 // describes (PartitionState.storedLog: its base, written with lg.baseSeq,
 // and its live deltas lg.baseSeq+1 to lg.lastSeq), with a point lookup of
-// each entry, into a new PageBytes slice. found reports whether any entry
-// of the page is stored. ok is false when the entries found are not those
-// of lg (a base of another sequence number, a delta missing); then data is
-// nil and the caller reads the page by listing its entries (foldPage).
+// each entry and of the delta that would follow them, into a new
+// PageBytes slice. found reports whether any entry of the page is stored.
+// ok is false when the entries found are not those of lg (a base of
+// another sequence number, a delta missing, a delta after lg.lastSeq);
+// then data is nil and the caller reads the page by listing its entries
+// (foldPage).
 // Errors are foldPage's.
 func (p *PartitionState) readKnown(txn *badger.Txn, prefix []byte, lg pageLog) (data []byte, found, ok bool, err error) {
 	pb := p.db.opts.PageBytes
@@ -292,9 +294,20 @@ func (p *PartitionState) readKnown(txn *badger.Txn, prefix []byte, lg pageLog) (
 	}
 	key := make([]byte, len(prefix)+deltaSeqBytes)
 	copy(key, prefix)
-	for seq := lg.baseSeq + 1; seq <= lg.lastSeq; seq++ {
+	for seq := lg.baseSeq + 1; seq <= lg.lastSeq+1; seq++ {
 		binary.BigEndian.PutUint32(key[len(prefix):], seq)
 		item, err := txn.Get(key)
+		if seq > lg.lastSeq {
+			// No delta after the last known: a write lg missed would
+			// otherwise go unseen (bloom filters answer most of this one).
+			if errors.Is(err, badger.ErrKeyNotFound) {
+				break
+			}
+			if err != nil {
+				return nil, found, false, err
+			}
+			return nil, true, false, nil
+		}
 		if errors.Is(err, badger.ErrKeyNotFound) {
 			return nil, found, false, nil
 		}

@@ -361,3 +361,75 @@ func TestCommitWritesChangedBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestReadKnownFallsBackToListing changes a page's stored entries behind its
+// PartitionState's back (a delta after the last it wrote, a delta gone, a
+// base of another sequence number): each point read finds entries other
+// than the known ones and the page is read by listing them, as stored,
+// and a read after that, with nothing changed, is a point read again.
+func TestReadKnownFallsBackToListing(t *testing.T) {
+	const pb = 256
+	db := openT(t, Options{InMemory: true, PageBytes: pb, CacheBytes: pb, FlushBytes: smallFlush})
+	p := partitionT(t, db, "orders", 3)
+	id, other := filter.PageID{Page: 0}, filter.PageID{Page: 1}
+	pg := mustPage(t, p, id)
+	for i := range pg {
+		pg[i] = byte(i)
+	}
+	p.MarkDirty(id, pg)
+	if err := p.Commit(nil, Checkpoint{Offset: 1}); err != nil {
+		t.Fatal(err)
+	}
+	pg = mustPage(t, p, id)
+	pg[7] = 0xee
+	p.MarkChanged(id, pg, 7, 1)
+	if err := p.Commit(nil, Checkpoint{Offset: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if lg, ok := p.storedLog(id); !ok || lg.baseSeq != 0 || lg.lastSeq != 1 {
+		t.Fatalf("known log %+v (known %t), want base 0 and delta 1", lg, ok)
+	}
+	behind := func(f func(txn *badger.Txn) error) {
+		t.Helper()
+		if err := db.bdb.Update(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	changed := make([]byte, pb)
+	changed[9] = 0x99
+	for _, c := range []struct {
+		name   string
+		change func(txn *badger.Txn) error
+		miss   bool
+	}{
+		{"a delta after the last", func(txn *badger.Txn) error {
+			return txn.Set(deltaKey(p.prefix, id, 2), encodeDelta([]span{{lo: 9, hi: 10}}, changed))
+		}, true},
+		{"nothing changed", func(*badger.Txn) error { return nil }, false},
+		{"the last delta gone", func(txn *badger.Txn) error { return txn.Delete(deltaKey(p.prefix, id, 2)) }, true},
+		{"a base of another sequence number", func(txn *badger.Txn) error {
+			base := binary.BigEndian.AppendUint32(nil, 5)
+			return txn.Set(pageKey(p.prefix, id), append(base, changed...))
+		}, true},
+		{"nothing changed again", func(*badger.Txn) error { return nil }, false},
+	} {
+		behind(c.change)
+		mustPage(t, p, other) // evicts id from the one-page cache
+		want, _, _, err := readPageT(p, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reads, misses := p.pointReads.Load(), p.pointMisses.Load()
+		if got := mustPage(t, p, id); !bytes.Equal(got, want) {
+			t.Fatalf("%s: the page read differs from its stored entries", c.name)
+		}
+		if c.miss && (p.pointMisses.Load() != misses+1 || p.pointReads.Load() != reads) {
+			t.Fatalf("%s: %d point reads, %d fallbacks; want the point read to fall back to listing",
+				c.name, p.pointReads.Load()-reads, p.pointMisses.Load()-misses)
+		}
+		if !c.miss && (p.pointReads.Load() != reads+1 || p.pointMisses.Load() != misses) {
+			t.Fatalf("%s: %d point reads, %d fallbacks; want one point read",
+				c.name, p.pointReads.Load()-reads, p.pointMisses.Load()-misses)
+		}
+	}
+}

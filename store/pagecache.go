@@ -163,7 +163,12 @@ func (pc *pageCache) add(slot *atomic.Pointer[cachedPage], c *cachedPage) {
 }
 
 // take returns a free entry, evicting the first page the hand finds with
-// its reference bit clear (clearing the bits it passes).
+// its reference bit clear (clearing the bits it passes). In the hand's
+// first lap of the call it passes once over a page whose next read would
+// list its deltas (costlyToRead); after a whole lap it spares none, so a
+// call scans at most two laps and a page just added, whose bit is set, is
+// not evicted on account of pages the hand spared (Prefetch relies on
+// its pages staying until their Page call).
 func (pc *pageCache) take() int {
 	if n := len(pc.free); n > 0 {
 		i := pc.free[n-1]
@@ -178,7 +183,7 @@ func (pc *pageCache) take() int {
 		pc.used++
 		return pc.used - 1
 	}
-	for {
+	for scanned := 0; ; scanned++ {
 		i := pc.hand
 		pc.hand++
 		if pc.hand == pc.used {
@@ -193,7 +198,7 @@ func (pc *pageCache) take() int {
 			e.page.spared = false
 			continue
 		}
-		if !e.page.spared && costlyToRead(e.page.log) {
+		if scanned < pc.used && !e.page.spared && costlyToRead(e.page.log) {
 			e.page.spared = true
 			continue
 		}

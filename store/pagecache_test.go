@@ -322,6 +322,7 @@ func TestCostlyPagesGetAnotherPass(t *testing.T) {
 	cheap := pageLog{baseSeq: 3, lastSeq: 3 + maxPointDeltas}
 	for i, lg := range []pageLog{costly, cheap, costly, cheap} {
 		pc.add(&slots[i], &cachedPage{log: lg})
+		slots[i].Load().ref.Store(false) // not read since the hand passed
 	}
 	cached := func() (s string) {
 		for i := range slots {
@@ -331,7 +332,7 @@ func TestCostlyPagesGetAnotherPass(t *testing.T) {
 		}
 		return s
 	}
-	pc.add(&slots[4], &cachedPage{log: cheap}) // clears every bit, spares 0, evicts 1
+	pc.add(&slots[4], &cachedPage{log: cheap}) // spares 0, evicts 1
 	pc.add(&slots[5], &cachedPage{log: cheap}) // spares 2, evicts 3
 	if got := cached(); got != "0245" {
 		t.Fatalf("cached pages %s after two adds, want 0245 (the cheap pages 1 and 3 evicted)", got)
@@ -345,5 +346,27 @@ func TestCostlyPagesGetAnotherPass(t *testing.T) {
 	pc.add(&slots[8], &cachedPage{log: cheap}) // spares 2 again, evicts 5
 	if got := cached(); got != "2678" {
 		t.Fatalf("cached pages %s after five adds, want 2678", got)
+	}
+}
+
+// TestAddedPageOutlivesCostlyPages: a page just added (prefetched) is not
+// evicted on account of costly pages the hand spares: once the hand has
+// cleared every reference bit in one call, it evicts the next page,
+// costly or not (the review's case: three costly pages just read, a
+// cache of four).
+func TestAddedPageOutlivesCostlyPages(t *testing.T) {
+	pc := newPageCache(4)
+	slots := make([]atomic.Pointer[cachedPage], 5)
+	costly := pageLog{lastSeq: maxPointDeltas + 1}
+	for i := range 3 {
+		pc.add(&slots[i], &cachedPage{log: costly})
+	}
+	pc.add(&slots[3], &cachedPage{})
+	pc.add(&slots[4], &cachedPage{})
+	if slots[3].Load() == nil {
+		t.Fatal("the page added before the last was evicted while three costly pages were kept")
+	}
+	if slots[0].Load() != nil {
+		t.Fatal("the first costly page, unreferenced after a whole lap, was kept")
 	}
 }
