@@ -53,8 +53,8 @@ type cachedPage struct {
 // costlyToRead reports whether a page whose stored entries are lg is read
 // by listing them through an iterator (more live deltas than
 // maxPointDeltas), at about three times the CPU of a point lookup
-// (BENCHMARKS.md, "Page reads by point lookups"): the pageCache keeps
-// such pages twice as long.
+// (BENCHMARKS.md, "Page reads by point lookups"): the pageCache's hand
+// passes once more over such a page before evicting it (pageCache.take).
 func costlyToRead(lg pageLog) bool { return lg.lastSeq-lg.baseSeq > maxPointDeltas }
 
 // touch sets c's reference bit, writing it only when it is clear so that
