@@ -274,16 +274,9 @@ func (p *PartitionState) readKnown(txn *badger.Txn, prefix []byte, lg pageLog) (
 	default:
 		found = true
 		var seq uint32
-		err = item.Value(func(v []byte) error {
-			if len(v) < pageBaseHeader {
-				return fmt.Errorf("stored page entry is %d bytes, shorter than its %d-byte header: %w", len(v), pageBaseHeader, errBadEntry)
-			}
-			if len(v) != pageBaseHeader+pb {
-				return fmt.Errorf("stored page is %d bytes, want %d: %w", len(v)-pageBaseHeader, pb, errBadEntry)
-			}
-			seq = binary.BigEndian.Uint32(v)
-			copy(data, v[pageBaseHeader:])
-			return nil
+		err = item.Value(func(v []byte) (err error) {
+			seq, err = decodeBase(v, data)
+			return err
 		})
 		if err != nil {
 			return nil, true, false, err
@@ -335,24 +328,16 @@ func (p *PartitionState) readKnown(txn *badger.Txn, prefix []byte, lg pageLog) (
 // pages in key order need not seek (a seek drops what the iterator
 // prefetched).
 func (p *PartitionState) foldPage(it *badger.Iterator, prefix, data []byte) (log pageLog, found bool, err error) {
-	pb := p.db.opts.PageBytes
 	for ; it.ValidForPrefix(prefix); it.Next() {
 		item := it.Item()
 		k := item.Key()
 		found = true
 		switch len(k) {
 		case len(prefix):
-			err = item.Value(func(v []byte) error {
-				if len(v) < pageBaseHeader {
-					return fmt.Errorf("stored page entry is %d bytes, shorter than its %d-byte header: %w", len(v), pageBaseHeader, errBadEntry)
-				}
-				if len(v) != pageBaseHeader+pb {
-					return fmt.Errorf("stored page is %d bytes, want %d: %w", len(v)-pageBaseHeader, pb, errBadEntry)
-				}
-				log.baseSeq = binary.BigEndian.Uint32(v)
+			err = item.Value(func(v []byte) (err error) {
+				log.baseSeq, err = decodeBase(v, data)
 				log.lastSeq = log.baseSeq
-				copy(data, v[pageBaseHeader:])
-				return nil
+				return err
 			})
 		case len(prefix) + deltaSeqBytes:
 			seq := binary.BigEndian.Uint32(k[len(prefix):])
@@ -381,6 +366,20 @@ func (p *PartitionState) foldPage(it *badger.Iterator, prefix, data []byte) (log
 		}
 	}
 	return log, found, nil
+}
+
+// decodeBase copies the page bytes of v, a stored base entry, into data
+// (PageBytes long) and returns the sequence number of the last delta
+// folded into it; a value of another length is errBadEntry.
+func decodeBase(v, data []byte) (uint32, error) {
+	if len(v) < pageBaseHeader {
+		return 0, fmt.Errorf("stored page entry is %d bytes, shorter than its %d-byte header: %w", len(v), pageBaseHeader, errBadEntry)
+	}
+	if len(v) != pageBaseHeader+len(data) {
+		return 0, fmt.Errorf("stored page is %d bytes, want %d: %w", len(v)-pageBaseHeader, len(data), errBadEntry)
+	}
+	copy(data, v[pageBaseHeader:])
+	return binary.BigEndian.Uint32(v), nil
 }
 
 // errBadEntry marks a stored page entry that cannot be right; Page reports

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -431,5 +432,34 @@ func TestReadKnownFallsBackToListing(t *testing.T) {
 			t.Fatalf("%s: %d point reads, %d fallbacks; want one point read",
 				c.name, p.pointReads.Load()-reads, p.pointMisses.Load()-misses)
 		}
+	}
+}
+
+// TestReadKnownCorrupt: a page read by point lookups of its known entries
+// reports a stored base of the wrong length as ErrCorrupt, as a listing
+// does, instead of a page.
+func TestReadKnownCorrupt(t *testing.T) {
+	const pb = 256
+	db := openT(t, Options{InMemory: true, PageBytes: pb, CacheBytes: pb, FlushBytes: smallFlush})
+	p := partitionT(t, db, "orders", 4)
+	id, other := filter.PageID{Page: 0}, filter.PageID{Page: 1}
+	pg := mustPage(t, p, id)
+	pg[0] = 1
+	p.MarkDirty(id, pg)
+	if err := p.Commit(nil, Checkpoint{Offset: 1}); err != nil {
+		t.Fatal(err)
+	}
+	err := db.bdb.Update(func(txn *badger.Txn) error {
+		return txn.Set(pageKey(p.prefix, id), make([]byte, pageBaseHeader+pb/2))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPage(t, p, other) // evicts id from the one-page cache
+	if lg, ok := p.storedLog(id); !ok || costlyToRead(lg) {
+		t.Fatalf("known log %+v (known %t): the page would not be read by point lookups", lg, ok)
+	}
+	if _, err := p.Page(id); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Page of a base cut in half: %v, want ErrCorrupt", err)
 	}
 }
