@@ -541,6 +541,14 @@ func benchBudget(b *testing.B) (cache, maxDirty int64) {
 		}
 		return override, 0
 	}
+	return applyBudget(b, total, override)
+}
+
+// applyBudget applies the worker's memory budget of total bytes as kdedup
+// run applies it (benchBudget), with a page cache of override bytes
+// instead of the budget's share when override > 0, and returns the page
+// cache and the dirty-page bound.
+func applyBudget(b *testing.B, total int, override int64) (cache, maxDirty int64) {
 	s, err := budget.Plan(budget.Inputs{TotalBytes: int64(total), StoreBytes: store.Options{PageBytes: 4096}.MemoryBytes(),
 		DecompressBytes: 64 << 20, PageBytes: 4096, CacheBytes: override})
 	if err != nil {
