@@ -7,6 +7,7 @@
 //	go run ./internal/benchplot -kind throughput -in docs/bench/bench.txt -out docs/bench/throughput.png
 //	go run ./internal/benchplot -kind scale -op cpu -in docs/bench/scale.txt -out docs/bench/scale-cpu.png
 //	go run ./internal/benchplot -kind scale -op bytes -in docs/bench/scale.txt -out docs/bench/scale-bytes.png
+//	go run ./internal/benchplot -kind scale -op rss -in docs/bench/scale-100m.txt -out docs/bench/scale-100m-rss.png
 //
 // Inputs:
 //   - fpr: the CSV written by the filter's TestGrowthFPRData (columns
@@ -17,10 +18,12 @@
 //     lines and the "steady state" line after each); each bar is the median
 //     over rounds.
 //   - scale: `go test -bench Scale` output of store/scale_bench_test.go
-//     (its "BenchmarkScale/keys=K/store=S/cache=CMiB" result lines). With
-//     -op cpu, CPU µs per record against keys held; with -op bytes, bytes
-//     per record handed to Badger (user) and written to disk against keys
-//     held. The x axis is logarithmic, and so is the y axis when the
+//     (its "BenchmarkScale/keys=K/store=S/cache=CMiB" result lines), or
+//     `go test -bench PrefetchRate` output (the worker's path through
+//     polls; its dup rounds a series of their own). With -op cpu, CPU µs
+//     per record against keys held; with -op bytes, bytes per record
+//     handed to Badger (user) and written to disk against keys held; with
+//     -op rss, the peak resident memory of the measured phase. The x axis is logarithmic, and so is the y axis when the
 //     largest value is over 20 times the smallest; one series per store and cache size
 //     (and per kind of bytes); with -count above 1 each point is the median.
 package main
@@ -61,7 +64,7 @@ func run(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("benchplot", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	kind := fs.String("kind", "", "fpr, load, throughput or scale")
-	op := fs.String("op", "", "with -kind load: contains (default), insert or insert+delete; with -kind scale: cpu (default) or bytes")
+	op := fs.String("op", "", "with -kind load: contains (default), insert or insert+delete; with -kind scale: cpu (default), bytes or rss")
 	in := fs.String("in", "", "input file")
 	out := fs.String("out", "", "output PNG file")
 	title := fs.String("title", "", "plot title (default: one per kind)")
@@ -298,34 +301,55 @@ func throughputPlot(r io.Reader) (*plot.Plot, error) {
 
 var scaleName = regexp.MustCompile(`^BenchmarkScale/keys=(\d+)/store=(\w+)/cache=(\d+)MiB$`)
 
+// pollsName matches BenchmarkPrefetchRate's result lines (the worker's
+// path: polls prefetched, then decided), with or without a round.
+var pollsName = regexp.MustCompile(`^BenchmarkPrefetchRate/keys=(\d+)/rate=\d+/cache=(\d+)MiB/prefetch=true(?:/round=\d+-(new|dup))?$`)
+
 // scaleStoreNames are the legend names of BenchmarkScale's stores.
 var scaleStoreNames = map[string]string{"kdedup": "kdedup", "keyset": "exact key set"}
 
 // scaleSeries returns, for each store and cache size of BenchmarkScale
 // output, the median of unit at each number of keys held, sorted by keys;
 // series are named "<store>, <cache> MiB cache", with suffix after it.
+// BenchmarkPrefetchRate's results (with prefetch) are series "kdedup,
+// polls, <cache> MiB page cache" (new keys; several rounds at one point:
+// their median) and "kdedup, polls, <cache> MiB page cache, duplicates"
+// (dup rounds).
 func scaleSeries(r io.Reader, unit, suffix string) (map[string]plotter.XYs, error) {
 	res, err := benchResults(r, unit)
 	if err != nil {
 		return nil, err
 	}
-	series := map[string]plotter.XYs{}
-	for name, vs := range res {
-		m := scaleName.FindStringSubmatch(name)
-		if m == nil {
-			continue
+	points := map[string]map[float64][]float64{}
+	add := func(s string, keys float64, vs []float64) {
+		if points[s] == nil {
+			points[s] = map[float64][]float64{}
 		}
-		keys, _ := strconv.ParseFloat(m[1], 64)
-		store := cmp.Or(scaleStoreNames[m[2]], m[2])
-		cache := "page"
-		if m[2] == "keyset" {
-			cache = "block"
-		}
-		s := fmt.Sprintf("%s, %s MiB %s cache%s", store, m[3], cache, suffix)
-		series[s] = append(series[s], plotter.XY{X: keys, Y: median(vs)})
+		points[s][keys] = append(points[s][keys], vs...)
 	}
-	for _, xys := range series {
-		sort.Slice(xys, func(i, j int) bool { return xys[i].X < xys[j].X })
+	for name, vs := range res {
+		if m := scaleName.FindStringSubmatch(name); m != nil {
+			keys, _ := strconv.ParseFloat(m[1], 64)
+			store := cmp.Or(scaleStoreNames[m[2]], m[2])
+			cache := "page"
+			if m[2] == "keyset" {
+				cache = "block"
+			}
+			add(fmt.Sprintf("%s, %s MiB %s cache%s", store, m[3], cache, suffix), keys, vs)
+		} else if m := pollsName.FindStringSubmatch(name); m != nil {
+			keys, _ := strconv.ParseFloat(m[1], 64)
+			dup := ""
+			if m[3] == "dup" {
+				dup = ", duplicates"
+			}
+			add(fmt.Sprintf("kdedup, polls, %s MiB page cache%s%s", m[2], dup, suffix), keys, vs)
+		}
+	}
+	series := map[string]plotter.XYs{}
+	for s, byKeys := range points {
+		for _, keys := range slices.Sorted(maps.Keys(byKeys)) {
+			series[s] = append(series[s], plotter.XY{X: keys, Y: median(byKeys[keys])})
+		}
 	}
 	return series, nil
 }
@@ -347,6 +371,12 @@ func scalePlot(r io.Reader, op string) (*plot.Plot, error) {
 		}
 		p.Title.Text = "CPU per record against keys held, at a fixed record rate"
 		p.Y.Label.Text = "CPU µs per record"
+	case "rss":
+		if series, err = scaleSeries(bytes.NewReader(data), "peak-RSS-MiB", ""); err != nil {
+			return nil, err
+		}
+		p.Title.Text = "Peak resident memory of the measured phase against keys held"
+		p.Y.Label.Text = "peak RSS (VmHWM), MiB"
 	case "bytes":
 		for unit, suffix := range map[string]string{"user-B/rec": ": to Badger", "disk-B/rec": ": to disk"} {
 			s, err := scaleSeries(bytes.NewReader(data), unit, suffix)
@@ -358,25 +388,37 @@ func scalePlot(r io.Reader, op string) (*plot.Plot, error) {
 		p.Title.Text = "Bytes per record against keys held, at a fixed record rate"
 		p.Y.Label.Text = "bytes per record"
 	default:
-		return nil, fmt.Errorf("-op %q: want cpu or bytes", op)
+		return nil, fmt.Errorf("-op %q: want cpu, bytes or rss", op)
 	}
 	if len(series) == 0 {
-		return nil, errors.New("no BenchmarkScale/keys=K/store=S/cache=CMiB results")
+		return nil, errors.New("no BenchmarkScale/keys=K/store=S/cache=CMiB or BenchmarkPrefetchRate results")
 	}
 	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	p.Legend.Top, p.Legend.Left = true, true
-	var lines []any
 	top, bottom := 0.0, math.Inf(1)
-	for _, n := range slices.Sorted(maps.Keys(series)) {
-		lines = append(lines, n, series[n])
-		for _, xy := range series[n] {
+	for _, xys := range series {
+		for _, xy := range xys {
 			top = max(top, xy.Y)
 			if xy.Y > 0 {
 				bottom = min(bottom, xy.Y)
 			}
 		}
 	}
-	if top > 20*bottom {
+	logY := top > 20*bottom
+	var lines []any
+	for _, n := range slices.Sorted(maps.Keys(series)) {
+		xys := series[n]
+		if logY {
+			// A log axis has no place for zero (a round of duplicates
+			// writes no bytes): such points are left out.
+			xys = slices.DeleteFunc(slices.Clone(xys), func(xy plotter.XY) bool { return xy.Y <= 0 })
+			if len(xys) == 0 {
+				continue
+			}
+		}
+		lines = append(lines, n, xys)
+	}
+	if logY {
 		// Points far apart (a state larger than the cache costs far more
 		// per record): a log axis keeps the small ones readable, with a
 		// decade or more above the points for the legend.

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -31,10 +32,13 @@ import (
 //
 // Metrics: rec/s, the records over the time from start to /readyz (the
 // group join included); cpu-us/rec, the process's user and system CPU over
-// that time per record; peak-RSS-MiB of the process. With
+// that time per record; peak-RSS-MiB, the process's peak resident memory
+// (VmHWM) from the worker's start. With
 // KDEDUP_TEST_KAFKA=apache the broker is Apache Kafka in a process of its
 // own (internal/kafkatest); by default it is kfake, in this process, whose
-// fetch work is then in cpu-us/rec and peak-RSS-MiB.
+// fetch work is then in cpu-us/rec and peak-RSS-MiB. KDEDUP_BENCH_MEMORY
+// sets the worker's KDEDUP_MEMORY_BYTES (default: the worker's own
+// default, from the container's limit).
 //
 //	KDEDUP_TEST_KAFKA=apache KDEDUP_BENCH_KEYS=20000000 go test -run '^$' -bench Replay -benchtime 1x -timeout 60m ./internal/harness
 func BenchmarkReplay(b *testing.B) {
@@ -90,17 +94,23 @@ func BenchmarkReplay(b *testing.B) {
 
 	b.ResetTimer()
 	for range b.N {
-		cfg, err := config.LoadFrom(map[string]string{
+		env := map[string]string{
 			"KDEDUP_BROKERS":      addrs[0],
 			"KDEDUP_INPUT_TOPICS": in,
 			"KDEDUP_OUTPUT_TOPIC": out,
 			"KDEDUP_GROUP":        group,
 			"KDEDUP_DATA_DIR":     b.TempDir(),
 			"KDEDUP_HTTP_ADDR":    "127.0.0.1:0",
-		})
+		}
+		if mem := os.Getenv("KDEDUP_BENCH_MEMORY"); mem != "" {
+			env["KDEDUP_MEMORY_BYTES"] = mem
+		}
+		cfg, err := config.LoadFrom(env)
 		if err != nil {
 			b.Fatal(err)
 		}
+		runtime.GC() // the producer's buffers, out of the worker's peak
+		benchenv.ResetPeakRSS()
 		cpu := benchenv.CPU(b)
 		w, err := harness.StartWorker(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
