@@ -5,7 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/internal/app"
 	"github.com/kdedup/kdedup/internal/benchenv"
 	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/kafkatest"
@@ -37,8 +38,9 @@ import (
 // KDEDUP_TEST_KAFKA=apache the broker is Apache Kafka in a process of its
 // own (internal/kafkatest); by default it is kfake, in this process, whose
 // fetch work is then in cpu-us/rec and peak-RSS-MiB. KDEDUP_BENCH_MEMORY
-// sets the worker's KDEDUP_MEMORY_BYTES (default: the worker's own
-// default, from the container's limit).
+// sets the worker's KDEDUP_MEMORY_BYTES and, as kdedup run does, the Go
+// soft memory limit of that budget (default: the worker's own default
+// budget, from the container's limit, and no Go memory limit).
 //
 //	KDEDUP_TEST_KAFKA=apache KDEDUP_BENCH_KEYS=20000000 go test -run '^$' -bench Replay -benchtime 1x -timeout 60m ./internal/harness
 func BenchmarkReplay(b *testing.B) {
@@ -109,7 +111,13 @@ func BenchmarkReplay(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		runtime.GC() // the producer's buffers, out of the worker's peak
+		if _, ok := env["KDEDUP_MEMORY_BYTES"]; ok {
+			// As kdedup run does: the Go soft memory limit of the budget
+			// (the broker runs in another process with apache; with kfake
+			// it shares this heap).
+			app.SetMemoryLimit(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		}
+		debug.FreeOSMemory() // the producer's buffers returned, out of the worker's peak
 		benchenv.ResetPeakRSS()
 		cpu := benchenv.CPU(b)
 		w, err := harness.StartWorker(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
