@@ -36,6 +36,11 @@ var scaleStores = map[string]string{
 // per second). The other variables (KDEDUP_BENCH_RATE,
 // KDEDUP_BENCH_PARTITIONS, KDEDUP_BENCH_CACHE, KDEDUP_BENCH_MEMORY: the
 // worker's memory budget applied to kdedup) pass to every point.
+// KDEDUP_BENCH_MEMORY_LIMIT runs each point's process in a memory cgroup
+// of that many bytes, as a container's limit would hold it
+// (benchenv.MemoryCgroup: root and a writable cgroup file system needed),
+// and adds cgroup-peak-MiB, the cgroup's peak from the preload on (page
+// cache included), and oom-kills; a point killed fails with the count.
 //
 // Each point prints one result line,
 //
@@ -123,22 +128,51 @@ func benchEnvString(name, def string) string {
 // KDEDUP_BENCH_KEYS=keys over records timed records, and returns its
 // result line and metrics.
 func runScalePoint(b *testing.B, bench string, keys, records int, timeout string) (string, map[string]float64, error) {
-	cmd := exec.CommandContext(b.Context(), os.Args[0],
+	args := []string{
 		"-test.run=^$",
-		"-test.bench=^"+bench+"$",
+		"-test.bench=^" + bench + "$",
 		fmt.Sprintf("-test.benchtime=%dx", records),
-		"-test.timeout="+timeout,
-	)
+		"-test.timeout=" + timeout,
+	}
+	cmd := exec.CommandContext(b.Context(), os.Args[0], args...)
+	var cg *benchenv.MemoryCgroup
+	if limit := benchenv.Int(b, "KDEDUP_BENCH_MEMORY_LIMIT", 0); limit > 0 {
+		var err error
+		if cg, err = benchenv.NewMemoryCgroup(fmt.Sprintf("kdedup-scale-%d-%d", os.Getpid(), keys), int64(limit)); err != nil {
+			return "", nil, fmt.Errorf("KDEDUP_BENCH_MEMORY_LIMIT=%d: %w", limit, err)
+		}
+		defer func() {
+			if err := cg.Remove(); err != nil {
+				b.Error(err)
+			}
+		}()
+		cmd = cg.Command(os.Args[0], args...)
+	}
 	cmd.Env = append(os.Environ(), "KDEDUP_BENCH_KEYS="+strconv.Itoa(keys))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
+		if cg != nil {
+			kills, kerr := cg.OOMKills()
+			err = fmt.Errorf("%w (%d OOM kills in its %d-byte memory cgroup, %v)", err, kills, benchenv.Int(b, "KDEDUP_BENCH_MEMORY_LIMIT", 0), kerr)
+		}
 		return "", nil, fmt.Errorf("running %s: %w\n%s%s", bench, err, out, stderr.Bytes())
 	}
 	line, metrics, err := parseScalePoint(out, bench)
 	if err != nil {
 		return "", nil, fmt.Errorf("%w in the output of %s:\n%s", err, bench, out)
+	}
+	if cg != nil {
+		peak, err := cg.Peak()
+		if err != nil {
+			return "", nil, err
+		}
+		kills, err := cg.OOMKills()
+		if err != nil {
+			return "", nil, err
+		}
+		metrics["cgroup-peak-MiB"], metrics["oom-kills"] = float64(peak)/(1<<20), float64(kills)
 	}
 	return line, metrics, nil
 }

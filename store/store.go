@@ -648,8 +648,21 @@ func (db *DB) Partitions() ([]TopicPartition, error) {
 
 // badgerLogger adapts Badger's logger to slog. Badger logs routine progress
 // at info, so that becomes debug; Badger's debug lines (one per write) go
-// below debug, where handlers drop them unless asked.
+// below debug, where handlers drop them unless asked. Badger's warning that
+// its block or index cache "might be too small" (two lines a minute while
+// the hit ratio is under 0.4) goes to debug too: the store keeps Badger's
+// block cache at blockCacheBytes on purpose, since decoded pages are cached
+// in the page cache (Options.CacheBytes), so that a state larger than the
+// page cache, or a rebuild, which reads each page from Badger once, would
+// log it every minute and point the operator at the wrong cache; the
+// kdedup_store_page_cache_* metrics and the worker's WARN of a state
+// larger than the page cache are what tell that the page cache is too
+// small.
 type badgerLogger struct{ l *slog.Logger }
+
+// badgerCacheWarnings are the starts of Badger's cache-size warnings
+// (badger v4 db.go, monitorCache).
+var badgerCacheWarnings = []string{"Block cache might be too small", "Index cache might be too small", "Cache life expectancy"}
 
 func (b badgerLogger) log(level slog.Level, format string, args []any) {
 	ctx := context.Background()
@@ -659,7 +672,15 @@ func (b badgerLogger) log(level slog.Level, format string, args []any) {
 	b.l.Log(ctx, level, strings.TrimSpace(fmt.Sprintf(format, args...)))
 }
 
-func (b badgerLogger) Errorf(f string, a ...any)   { b.log(slog.LevelError, f, a) }
-func (b badgerLogger) Warningf(f string, a ...any) { b.log(slog.LevelWarn, f, a) }
-func (b badgerLogger) Infof(f string, a ...any)    { b.log(slog.LevelDebug, f, a) }
-func (b badgerLogger) Debugf(f string, a ...any)   { b.log(slog.LevelDebug-4, f, a) }
+func (b badgerLogger) Errorf(f string, a ...any) { b.log(slog.LevelError, f, a) }
+func (b badgerLogger) Warningf(f string, a ...any) {
+	level := slog.LevelWarn
+	for _, w := range badgerCacheWarnings {
+		if strings.HasPrefix(fmt.Sprintf(f, a...), w) {
+			level = slog.LevelDebug
+		}
+	}
+	b.log(level, f, a)
+}
+func (b badgerLogger) Infof(f string, a ...any)  { b.log(slog.LevelDebug, f, a) }
+func (b badgerLogger) Debugf(f string, a ...any) { b.log(slog.LevelDebug-4, f, a) }

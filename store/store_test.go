@@ -893,10 +893,21 @@ func TestBadgerLogger(t *testing.T) {
 	l.Warningf("w")
 	l.Infof("i")
 	l.Debugf("d")
+	// Badger's cache-size warnings, as monitorCache writes them.
+	l.Warningf("%s might be too small. Metrics: %s\n", "Block cache", "hit: 0 miss: 9")
+	l.Warningf("Cache life expectancy (in seconds): %+v\n", "histogram")
+	l.Warningf("%s might be too small. Metrics: %s\n", "Index cache", "hit: 0 miss: 9")
+	l.Warningf("Block cache is full")
 	want := []struct {
 		level slog.Level
 		msg   string
-	}{{slog.LevelError, "e 1"}, {slog.LevelWarn, "w"}, {slog.LevelDebug, "i"}, {slog.LevelDebug - 4, "d"}}
+	}{
+		{slog.LevelError, "e 1"}, {slog.LevelWarn, "w"}, {slog.LevelDebug, "i"}, {slog.LevelDebug - 4, "d"},
+		{slog.LevelDebug, "Block cache might be too small. Metrics: hit: 0 miss: 9"},
+		{slog.LevelDebug, "Cache life expectancy (in seconds): histogram"},
+		{slog.LevelDebug, "Index cache might be too small. Metrics: hit: 0 miss: 9"},
+		{slog.LevelWarn, "Block cache is full"},
+	}
 	if len(h.records) != len(want) {
 		t.Fatalf("%d records, want %d", len(h.records), len(want))
 	}
