@@ -2,6 +2,7 @@ package harness_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,7 +70,8 @@ import (
 //
 // KDEDUP_BENCH_AFTER_RECORDS (default 0: none) then feeds the ready
 // worker that many new keys at KDEDUP_BENCH_RATE records/s (default
-// 50,000) and reports the phase with the prefix after- (decideAtRate).
+// 50,000) and reports the phase with the prefix after- (decideAtRate);
+// KDEDUP_BENCH_CPUPROFILE=file profiles that phase.
 //
 //	KDEDUP_TEST_KAFKA=apache KDEDUP_BENCH_KEYS=20000000 go test -run '^$' -bench Replay -benchtime 1x -timeout 60m ./internal/harness
 //	KDEDUP_TEST_KAFKA=apache KDEDUP_BENCH_KEYS=100000000 KDEDUP_BENCH_WORKER_PROCESS=1 \
@@ -182,6 +185,9 @@ type replayWorker interface {
 	pid() int
 	// memory is the memory measures, restarted with reset.
 	memory() *memoryWatch
+	// cpuProfile starts a CPU profile of the worker into file; the
+	// function it returns ends it and writes the file.
+	cpuProfile(file string) (stop func() error)
 	stop() error
 }
 
@@ -231,6 +237,21 @@ func (p *inProcess) replayed() float64 {
 }
 func (p *inProcess) stop() error { p.watch.close(); return p.w.Stop() }
 
+// cpuProfile profiles this process (the producer's work in it too).
+func (p *inProcess) cpuProfile(file string) func() error {
+	f, err := os.Create(file)
+	if err != nil {
+		p.b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		p.b.Fatal(err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}
+}
+
 // childProcess is the worker as kdedup run in a child process, in a
 // memory cgroup of KDEDUP_BENCH_MEMORY_LIMIT bytes when that is set.
 type childProcess struct {
@@ -259,6 +280,9 @@ func startWorkerProcess(b *testing.B, env map[string]string) *childProcess {
 	c := &childProcess{b: b, addr: l.Addr().String(), done: make(chan error, 1), output: filepath.Join(b.TempDir(), "worker.log")}
 	l.Close()
 	env["KDEDUP_HTTP_ADDR"] = c.addr
+	if os.Getenv("KDEDUP_BENCH_CPUPROFILE") != "" {
+		env["KDEDUP_PPROF"] = "true"
+	}
 	if limit := benchenv.Int(b, "KDEDUP_BENCH_MEMORY_LIMIT", 0); limit > 0 {
 		if c.cg, err = benchenv.NewMemoryCgroup(fmt.Sprintf("kdedup-bench-%d", os.Getpid()), int64(limit)); err != nil {
 			b.Fatalf("KDEDUP_BENCH_MEMORY_LIMIT=%d: %v", limit, err)
@@ -323,6 +347,37 @@ func (c *childProcess) replayed() float64 {
 		c.fail("serving metrics", err)
 	}
 	return v
+}
+
+// childProfileTime is how long a child worker's CPU profile runs: its
+// HTTP server ends responses after 30 s.
+const childProfileTime = 25 * time.Second
+
+// cpuProfile fetches the worker's CPU profile of the next
+// childProfileTime from /debug/pprof (KDEDUP_PPROF, set for the worker
+// when KDEDUP_BENCH_CPUPROFILE is).
+func (c *childProcess) cpuProfile(file string) func() error {
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", c.addr, int(childProfileTime.Seconds())))
+		if err != nil {
+			done <- err
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			done <- fmt.Errorf("profiling the worker process: %s", resp.Status)
+			return
+		}
+		f, err := os.Create(file)
+		if err != nil {
+			done <- err
+			return
+		}
+		_, err = io.Copy(f, resp.Body)
+		done <- errors.Join(err, f.Close())
+	}()
+	return func() error { return <-done }
 }
 
 // stop stops the worker with SIGTERM and reports its OOM kills (0, or the
@@ -390,7 +445,9 @@ func scrape(addr, name string) (float64, error) {
 // (the worker's CPU; the producer's too with the in-process worker), its
 // memory (memoryWatch.report, restarted at the phase's start) and
 // after-forwarded, the records it forwarded (the new keys less its false
-// positives).
+// positives). With KDEDUP_BENCH_CPUPROFILE set, it writes a CPU profile
+// of the phase to that file: of this process over the whole phase with
+// the in-process worker, of the child's first 25 s of it otherwise.
 func decideAtRate(b *testing.B, cl *kgo.Client, adm *kadm.Client, w replayWorker, in, out, group string, first, records, partitions int) {
 	rate := benchenv.Int(b, "KDEDUP_BENCH_RATE", 50_000)
 	ctx := context.Background()
@@ -399,6 +456,10 @@ func decideAtRate(b *testing.B, cl *kgo.Client, adm *kadm.Client, w replayWorker
 	cpu, err := benchenv.ProcessCPU(w.pid())
 	if err != nil {
 		b.Fatal(err)
+	}
+	var profiled func() error
+	if file := os.Getenv("KDEDUP_BENCH_CPUPROFILE"); file != "" {
+		profiled = w.cpuProfile(file)
 	}
 	slice := max(rate/100, 1)
 	start := time.Now()
@@ -435,6 +496,11 @@ func decideAtRate(b *testing.B, cl *kgo.Client, adm *kadm.Client, w replayWorker
 	used, err := benchenv.ProcessCPU(w.pid())
 	if err != nil {
 		b.Fatal(err)
+	}
+	if profiled != nil {
+		if err := profiled(); err != nil {
+			b.Fatal(err)
+		}
 	}
 	forwarded := endOffsets(b, adm, out) - outBefore
 	if forwarded > int64(records) || forwarded < int64(records)*99/100 {
