@@ -97,24 +97,7 @@ func BenchmarkReplay(b *testing.B) {
 		}
 	}
 	produceStart := time.Now()
-	var once sync.Once
-	var prodErr error
-	for i := range keys {
-		key := make([]byte, 16)
-		benchenv.Key(key, uint64(i))
-		cl.Produce(ctx, &kgo.Record{Topic: in, Partition: int32(i % partitions), Key: key, Value: []byte("v")},
-			func(_ *kgo.Record, err error) {
-				if err != nil {
-					once.Do(func() { prodErr = err })
-				}
-			})
-	}
-	if err := cl.Flush(ctx); err != nil {
-		b.Fatal(err)
-	}
-	if prodErr != nil {
-		b.Fatal(prodErr)
-	}
+	produceKeys(b, cl, in, partitions, 0, keys, 0)
 	b.Logf("produced %d records over %d partitions in %s", keys, partitions, time.Since(produceStart).Round(time.Millisecond))
 	ends, err := adm.ListEndOffsets(ctx, in)
 	if err != nil {
@@ -461,31 +444,8 @@ func decideAtRate(b *testing.B, cl *kgo.Client, adm *kadm.Client, w replayWorker
 	if file := os.Getenv("KDEDUP_BENCH_CPUPROFILE"); file != "" {
 		profiled = w.cpuProfile(file)
 	}
-	slice := max(rate/100, 1)
 	start := time.Now()
-	var once sync.Once
-	var prodErr error
-	for sent := 0; sent < records; sent += slice {
-		if d := time.Until(start.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))); d > 0 {
-			time.Sleep(d)
-		}
-		for i := first + sent; i < first+min(sent+slice, records); i++ {
-			key := make([]byte, 16)
-			benchenv.Key(key, uint64(i))
-			cl.Produce(ctx, &kgo.Record{Topic: in, Partition: int32(i % partitions), Key: key, Value: []byte("v")},
-				func(_ *kgo.Record, err error) {
-					if err != nil {
-						once.Do(func() { prodErr = err })
-					}
-				})
-		}
-	}
-	if err := cl.Flush(ctx); err != nil {
-		b.Fatal(err)
-	}
-	if prodErr != nil {
-		b.Fatal(prodErr)
-	}
+	produceKeys(b, cl, in, partitions, first, first+records, rate)
 	produced := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
@@ -512,6 +472,44 @@ func decideAtRate(b *testing.B, cl *kgo.Client, adm *kadm.Client, w replayWorker
 	b.ReportMetric(float64(used-cpu)/1e3/n, "after-cpu-us/rec")
 	b.ReportMetric(float64(forwarded), "after-forwarded")
 	w.memory().sample().report(b, "after-")
+}
+
+// produceKeys produces records [from, to) to topic, record i with key
+// benchenv.Key(i) to partition i % partitions (cl partitions manually), at
+// rate records/s in slices of a hundredth of a second, or flat out when
+// rate is 0, and returns once the broker has acknowledged them all.
+func produceKeys(b *testing.B, cl *kgo.Client, topic string, partitions, from, to, rate int) {
+	ctx := context.Background()
+	slice := to - from
+	if rate > 0 {
+		slice = max(rate/100, 1)
+	}
+	start := time.Now()
+	var once sync.Once
+	var prodErr error
+	for at := from; at < to; at += slice {
+		if rate > 0 {
+			if d := time.Until(start.Add(time.Duration(float64(at-from) / float64(rate) * float64(time.Second)))); d > 0 {
+				time.Sleep(d)
+			}
+		}
+		for i := at; i < min(at+slice, to); i++ {
+			key := make([]byte, 16)
+			benchenv.Key(key, uint64(i))
+			cl.Produce(ctx, &kgo.Record{Topic: topic, Partition: int32(i % partitions), Key: key, Value: []byte("v")},
+				func(_ *kgo.Record, err error) {
+					if err != nil {
+						once.Do(func() { prodErr = err })
+					}
+				})
+		}
+	}
+	if err := cl.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if prodErr != nil {
+		b.Fatal(prodErr)
+	}
 }
 
 func endOffsets(b *testing.B, adm *kadm.Client, topic string) int64 {
