@@ -246,6 +246,8 @@ type childProcess struct {
 	run    replayRun
 	watch  *memoryWatch
 	output string
+	// stopped tells that stop has waited for the process.
+	stopped bool
 }
 
 func startWorkerProcess(b *testing.B, env map[string]string) *childProcess {
@@ -295,9 +297,18 @@ func startWorkerProcess(b *testing.B, env map[string]string) *childProcess {
 		b.Fatal(err)
 	}
 	go func() { c.done <- c.cmd.Wait() }()
+	// A benchmark that fails before stop leaves no worker running (this
+	// runs before the cgroup's removal: cleanups run last first).
+	b.Cleanup(func() {
+		if !c.stopped {
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+	})
 	c.watch = watchMemory(b, c.cmd.Process.Pid, c.cg)
 	readyAt, err := harness.WaitReady(context.Background(), c.addr, c.done)
 	if err != nil {
+		c.stopped = true // WaitReady took its exit from done (its only error here)
 		c.fail("before it was ready", err)
 	}
 	cpu, err := benchenv.ProcessCPU(c.cmd.Process.Pid)
@@ -311,7 +322,6 @@ func startWorkerProcess(b *testing.B, env map[string]string) *childProcess {
 // fail ends the benchmark with err, the worker's OOM kills and the end of
 // its log.
 func (c *childProcess) fail(when string, err error) {
-	_ = c.cmd.Process.Kill()
 	kills := "no memory cgroup"
 	if c.cg != nil {
 		n, err := c.cg.OOMKills()
@@ -371,7 +381,9 @@ func (c *childProcess) stop() error {
 	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		return err
 	}
-	if err := <-c.done; err != nil {
+	err := <-c.done
+	c.stopped = true
+	if err != nil {
 		log, _ := os.ReadFile(c.output)
 		return fmt.Errorf("worker process: %w; the end of its log:\n%s", err, log[max(len(log)-4096, 0):])
 	}
