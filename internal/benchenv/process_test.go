@@ -101,8 +101,13 @@ func TestMemoryCgroupHoldsTheLimit(t *testing.T) {
 	if kills, err := c.OOMKills(); err != nil || kills != 1 {
 		t.Fatalf("%d OOM kills, %v; want 1", kills, err)
 	}
-	if peak, err := c.Peak(); err != nil || peak > limit || peak < limit/2 {
-		t.Fatalf("peak %d, %v; want between half the limit and the limit, %d", peak, err, limit)
+	// The kernel charges a task that is being OOM-killed past the limit
+	// (try_charge's forced charge, so the dying task can exit), so the peak
+	// may pass the limit by a few pages: a CI run saw one page over. A
+	// sixteenth of the limit allows for that and is still far below the
+	// 512 MiB the process touches when the limit is not held.
+	if peak, err := c.Peak(); err != nil || peak > limit+limit/16 || peak < limit/2 {
+		t.Fatalf("peak %d, %v; want between half the limit and the limit plus a sixteenth, %d", peak, err, limit)
 	}
 }
 
