@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/internal/app"
+	"github.com/kdedup/kdedup/internal/benchenv"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
@@ -829,20 +829,15 @@ func bombTo(t *testing.T, p *pipeline, partition int32, n int) int64 {
 // over their labels.
 func (p *process) metricValue(t *testing.T, name string) float64 {
 	t.Helper()
-	_, body := get(t, p.httpAddr(t), "/metrics")
-	samples := regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(name)+`(?:\{[^}]*\})? (\S+)$`).FindAllStringSubmatch(body, -1)
-	if samples == nil && !strings.Contains(body, "# TYPE "+name+" ") {
+	metrics, err := benchenv.Scrape(context.Background(), p.httpAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, ok := metrics[name]
+	if !ok {
 		t.Fatalf("the worker exports no %s", name)
 	}
-	total := 0.0
-	for _, m := range samples {
-		v, err := strconv.ParseFloat(m[1], 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		total += v
-	}
-	return total
+	return v
 }
 
 // TestTopicNotWritable: with ACLs, a worker whose principal may describe

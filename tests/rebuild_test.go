@@ -3,18 +3,16 @@ package tests
 import (
 	"context"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"os"
-	"regexp"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kdedup/kdedup/internal/benchenv"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
@@ -178,29 +176,14 @@ func (w *worker) replayProbe(t *testing.T) (bool, float64, float64) {
 	return ready, w.metric(t, "kdedup_partitions_restoring"), w.metric(t, "kdedup_write_batches_total")
 }
 
-var sampleRE = regexp.MustCompile(`(?m)^(kdedup_partitions_restoring|kdedup_write_batches_total) (\S+)$`)
-
 func (p *process) replayProbe(t *testing.T) (bool, float64, float64) {
 	addr := p.httpAddr(t)
 	code, _ := get(t, addr, "/readyz")
-	resp, err := http.Get("http://" + addr + "/metrics")
+	metrics, err := benchenv.Scrape(context.Background(), addr)
 	if err != nil {
 		return false, 0, 0 // not serving yet
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	samples := map[string]float64{}
-	for _, m := range sampleRE.FindAllStringSubmatch(string(body), -1) {
-		v, err := strconv.ParseFloat(m[2], 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		samples[m[1]] = v
-	}
-	return code == http.StatusOK, samples["kdedup_partitions_restoring"], samples["kdedup_write_batches_total"]
+	return code == http.StatusOK, metrics["kdedup_partitions_restoring"], metrics["kdedup_write_batches_total"]
 }
 
 // TestCheckpointAheadOfGroup: at least once, a crash between the Badger

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
@@ -25,6 +23,7 @@ import (
 
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/consumer"
+	"github.com/kdedup/kdedup/internal/benchenv"
 	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
@@ -265,7 +264,7 @@ func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io
 // high-water mark into the child across exec, so it would report this
 // process's (the broker's) memory whenever that is the larger.
 func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string, group string, stdout io.Writer) (runResult, error) {
-	addr, err := freeAddr()
+	addr, err := benchenv.FreeAddr()
 	if err != nil {
 		return runResult{}, err
 	}
@@ -278,7 +277,7 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 		return runResult{}, err
 	}
 	cmd := exec.Command(exe, "run")
-	cmd.Env = workerEnv()
+	cmd.Env = benchenv.WorkerEnv()
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
@@ -298,7 +297,7 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 	var profiled chan error
 	if o.cpuProfile != "" {
 		profiled = make(chan error, 1)
-		go func() { profiled <- fetchCPUProfile(ctx, addr, o.profileTime, o.cpuProfile) }()
+		go func() { profiled <- benchenv.FetchCPUProfile(ctx, addr, o.profileTime, o.cpuProfile) }()
 	}
 	steady, err := waitGroup(ctx, o, group, readyAt, stdout)
 	if err != nil {
@@ -336,44 +335,6 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 	return res, nil
 }
 
-// freeAddr returns a loopback address with a port free at the moment.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
-// fetchCPUProfile writes the CPU profile of the worker process serving
-// HTTP at addr (KDEDUP_PPROF) over the next d to file.
-func fetchCPUProfile(ctx context.Context, addr string, d time.Duration, file string) error {
-	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, max(1, int(d.Seconds())))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("profiling the worker process: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("profiling the worker process: %s: %s", resp.Status, msg)
-	}
-	f, err := os.Create(file)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
 // hwmSampler polls a process's VmHWM and keeps the largest value read.
 type hwmSampler struct {
 	mu   sync.Mutex
@@ -385,15 +346,15 @@ type hwmSampler struct {
 
 func startHWMSampler(pid int) *hwmSampler {
 	s := &hwmSampler{quit: make(chan struct{}), done: make(chan struct{})}
-	path := fmt.Sprintf("/proc/%d/status", pid)
 	go func() {
 		defer close(s.done)
 		t := time.NewTicker(10 * time.Millisecond)
 		defer t.Stop()
 		for {
-			if b, ok := readStatusBytes(path, "VmHWM"); ok {
+			// An exited process has no VmHWM.
+			if sizes, err := benchenv.ProcessMemory(pid); err == nil && sizes["VmHWM"] > 0 {
 				s.mu.Lock()
-				s.max = max(s.max, b)
+				s.max = max(s.max, sizes["VmHWM"])
 				s.mu.Unlock()
 			}
 			select {
@@ -418,23 +379,6 @@ func (s *hwmSampler) stop() int64 {
 	return s.peak()
 }
 
-// readStatusBytes returns a "kB" field of a /proc/pid/status file in bytes;
-// false once the process has exited (an exited process has no Vm fields).
-func readStatusBytes(path, field string) (int64, bool) {
-	status, err := os.ReadFile(path)
-	if err != nil {
-		return 0, false
-	}
-	for line := range strings.Lines(string(status)) {
-		name, value, _ := strings.Cut(line, ":")
-		if name == field {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
-			return kb << 10, err == nil
-		}
-	}
-	return 0, false
-}
-
 func writeHeapProfile(path string) error {
 	f, err := os.Create(path)
 	if err != nil {
@@ -449,25 +393,15 @@ func writeHeapProfile(path string) error {
 // heap figures it exports on /metrics.
 func printProcessMemory(stdout io.Writer, pid int, httpAddr string) {
 	var parts []string
-	if status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		for line := range strings.Lines(string(status)) {
-			name, value, _ := strings.Cut(line, ":")
-			switch name {
-			case "VmHWM", "VmRSS", "RssAnon", "RssFile":
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
-				parts = append(parts, fmt.Sprintf("%s %d MiB", name, kb>>10))
-			}
+	if sizes, err := benchenv.ProcessMemory(pid); err == nil {
+		for _, name := range []string{"VmHWM", "VmRSS", "RssAnon", "RssFile"} {
+			parts = append(parts, fmt.Sprintf("%s %d MiB", name, sizes[name]>>20))
 		}
 	}
-	if resp, err := http.Get("http://" + httpAddr + "/metrics"); err == nil {
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		for line := range strings.Lines(string(body)) {
-			for _, m := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_heap_sys_bytes", "go_memstats_sys_bytes"} {
-				if v, ok := strings.CutPrefix(line, m+" "); ok {
-					f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-					parts = append(parts, fmt.Sprintf("%s %.0f MiB", strings.TrimPrefix(m, "go_memstats_"), f/(1<<20)))
-				}
+	if metrics, err := benchenv.Scrape(context.Background(), httpAddr); err == nil {
+		for _, m := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_heap_sys_bytes", "go_memstats_sys_bytes"} {
+			if v, ok := metrics[m]; ok {
+				parts = append(parts, fmt.Sprintf("%s %.0f MiB", strings.TrimPrefix(m, "go_memstats_"), v/(1<<20)))
 			}
 		}
 	}
@@ -622,13 +556,4 @@ func median(xs []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// workerEnv is the environment of a worker process the benchmarks start:
-// this process's, without its KDEDUP_* variables (a test's
-// KDEDUP_TEST_KAFKA, say), which the worker would refuse as unknown, and
-// with vars (NAME=value) added.
-func workerEnv(vars ...string) []string {
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, config.Prefix) })
-	return append(env, vars...)
 }

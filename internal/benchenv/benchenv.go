@@ -2,7 +2,9 @@
 // sized, so that every benchmark reads its environment and the process's
 // resources the same way: integer settings from environment variables,
 // the process's CPU time, its peak resident set and gathered Prometheus
-// metrics, and the benchmark keys. Linux figures come from getrusage and
+// metrics, and the benchmark keys; and what they need of a worker run as a
+// child process (process.go: its CPU time, memory and memory cgroup;
+// worker.go: its address, environment, scraped metrics and CPU profile). Linux figures come from getrusage and
 // /proc/self; elsewhere PeakRSS reports -1. Its functions are safe for
 // concurrent use.
 package benchenv
@@ -80,9 +82,7 @@ func Gathered(tb testing.TB, reg prometheus.Gatherer, name string) float64 {
 	total := 0.0
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			}
+			total += familySum(mf)
 		}
 	}
 	return total

@@ -2,19 +2,14 @@ package harness_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"runtime/pprof"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -258,12 +253,11 @@ func startWorkerProcess(b *testing.B, env map[string]string) *childProcess {
 			b.Fatalf("building kdedup: %v\n%s", err, out)
 		}
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := benchenv.FreeAddr()
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := &childProcess{b: b, addr: l.Addr().String(), done: make(chan error, 1), output: filepath.Join(b.TempDir(), "worker.log")}
-	l.Close()
+	c := &childProcess{b: b, addr: addr, done: make(chan error, 1), output: filepath.Join(b.TempDir(), "worker.log")}
 	env["KDEDUP_HTTP_ADDR"] = c.addr
 	if os.Getenv("KDEDUP_BENCH_CPUPROFILE") != "" {
 		env["KDEDUP_PPROF"] = "true"
@@ -281,7 +275,7 @@ func startWorkerProcess(b *testing.B, env map[string]string) *childProcess {
 	} else {
 		c.cmd = exec.Command(bin, "run")
 	}
-	c.cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, config.Prefix) })
+	c.cmd.Env = benchenv.WorkerEnv()
 	for k, v := range env {
 		c.cmd.Env = append(c.cmd.Env, k+"="+v)
 	}
@@ -335,11 +329,11 @@ func (c *childProcess) ran() replayRun       { return c.run }
 func (c *childProcess) pid() int             { return c.cmd.Process.Pid }
 func (c *childProcess) memory() *memoryWatch { return c.watch }
 func (c *childProcess) replayed() float64 {
-	v, err := scrape(c.addr, "kdedup_replayed_records_total")
+	metrics, err := benchenv.Scrape(context.Background(), c.addr)
 	if err != nil {
 		c.fail("serving metrics", err)
 	}
-	return v
+	return metrics["kdedup_replayed_records_total"]
 }
 
 // childProfileTime is how long a child worker's CPU profile runs: its
@@ -351,25 +345,7 @@ const childProfileTime = 25 * time.Second
 // when KDEDUP_BENCH_CPUPROFILE is).
 func (c *childProcess) cpuProfile(file string) func() error {
 	done := make(chan error, 1)
-	go func() {
-		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", c.addr, int(childProfileTime.Seconds())))
-		if err != nil {
-			done <- err
-			return
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			done <- fmt.Errorf("profiling the worker process: %s", resp.Status)
-			return
-		}
-		f, err := os.Create(file)
-		if err != nil {
-			done <- err
-			return
-		}
-		_, err = io.Copy(f, resp.Body)
-		done <- errors.Join(err, f.Close())
-	}()
+	go func() { done <- benchenv.FetchCPUProfile(context.Background(), c.addr, childProfileTime, file) }()
 	return func() error { return <-done }
 }
 
@@ -395,37 +371,6 @@ func (c *childProcess) stop() error {
 		c.b.ReportMetric(float64(n), "oom-kills")
 	}
 	return nil
-}
-
-// scrape returns the sum of the samples of metric name that
-// http://addr/metrics serves (Prometheus text format; 0 when none).
-func scrape(addr, name string) (float64, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	total := 0.0
-	for line := range strings.Lines(string(body)) {
-		rest, ok := strings.CutPrefix(line, name)
-		if !ok || (rest[0] != ' ' && rest[0] != '{') {
-			continue
-		}
-		f := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
-		if len(f) == 0 {
-			return 0, fmt.Errorf("metrics: no value in %q", line)
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return 0, fmt.Errorf("metrics: %q: %w", line, err)
-		}
-		total += v
-	}
-	return total, nil
 }
 
 // decideAtRate produces records new keys (numbered from first) at
