@@ -27,7 +27,7 @@ import (
 
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/internal/app"
-	"github.com/kdedup/kdedup/internal/benchenv"
+	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
@@ -829,7 +829,7 @@ func bombTo(t *testing.T, p *pipeline, partition int32, n int) int64 {
 // over their labels.
 func (p *process) metricValue(t *testing.T, name string) float64 {
 	t.Helper()
-	metrics, err := benchenv.Scrape(context.Background(), p.httpAddr(t))
+	metrics, err := harness.Scrape(context.Background(), p.httpAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/kdedup/kdedup/internal/benchenv"
+	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
@@ -179,7 +179,7 @@ func (w *worker) replayProbe(t *testing.T) (bool, float64, float64) {
 func (p *process) replayProbe(t *testing.T) (bool, float64, float64) {
 	addr := p.httpAddr(t)
 	code, _ := get(t, addr, "/readyz")
-	metrics, err := benchenv.Scrape(context.Background(), addr)
+	metrics, err := harness.Scrape(context.Background(), addr)
 	if err != nil {
 		return false, 0, 0 // not serving yet
 	}

@@ -264,7 +264,7 @@ func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io
 // high-water mark into the child across exec, so it would report this
 // process's (the broker's) memory whenever that is the larger.
 func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string, group string, stdout io.Writer) (runResult, error) {
-	addr, err := benchenv.FreeAddr()
+	addr, err := harness.FreeAddr()
 	if err != nil {
 		return runResult{}, err
 	}
@@ -277,7 +277,7 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 		return runResult{}, err
 	}
 	cmd := exec.Command(exe, "run")
-	cmd.Env = benchenv.WorkerEnv()
+	cmd.Env = harness.WorkerEnv()
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
@@ -297,7 +297,7 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 	var profiled chan error
 	if o.cpuProfile != "" {
 		profiled = make(chan error, 1)
-		go func() { profiled <- benchenv.FetchCPUProfile(ctx, addr, o.profileTime, o.cpuProfile) }()
+		go func() { profiled <- harness.FetchCPUProfile(ctx, addr, o.profileTime, o.cpuProfile) }()
 	}
 	steady, err := waitGroup(ctx, o, group, readyAt, stdout)
 	if err != nil {
@@ -398,7 +398,7 @@ func printProcessMemory(stdout io.Writer, pid int, httpAddr string) {
 			parts = append(parts, fmt.Sprintf("%s %d MiB", name, sizes[name]>>20))
 		}
 	}
-	if metrics, err := benchenv.Scrape(context.Background(), httpAddr); err == nil {
+	if metrics, err := harness.Scrape(context.Background(), httpAddr); err == nil {
 		for _, m := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_heap_sys_bytes", "go_memstats_sys_bytes"} {
 			if v, ok := metrics[m]; ok {
 				parts = append(parts, fmt.Sprintf("%s %.0f MiB", strings.TrimPrefix(m, "go_memstats_"), v/(1<<20)))

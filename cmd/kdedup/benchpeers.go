@@ -18,7 +18,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/kdedup/kdedup/internal/benchenv"
 	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/kafkatest"
 	"github.com/kdedup/kdedup/internal/scenario"
@@ -150,13 +149,13 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 	switch system {
 	case peerKdedup:
 		if o.cpuProfile != "" {
-			if httpAddr, err = benchenv.FreeAddr(); err != nil {
+			if httpAddr, err = harness.FreeAddr(); err != nil {
 				return peerResult{}, err
 			}
 			profile = fmt.Sprintf("%s-%s-%s-%d", o.cpuProfile, system, short, round)
 		}
 		cmd = exec.Command(exe, "run")
-		cmd.Env = benchenv.WorkerEnv("KDEDUP_BROKERS="+o.brokers[0], "KDEDUP_INPUT_TOPICS=events", "KDEDUP_OUTPUT_TOPIC="+out,
+		cmd.Env = harness.WorkerEnv("KDEDUP_BROKERS="+o.brokers[0], "KDEDUP_INPUT_TOPICS=events", "KDEDUP_OUTPUT_TOPIC="+out,
 			"KDEDUP_GROUP="+group, "KDEDUP_DATA_DIR="+dir, "KDEDUP_HTTP_ADDR="+httpAddr, "KDEDUP_LOG_FORMAT=text",
 			"KDEDUP_LOG_LEVEL=warn", "KDEDUP_DELIVERY="+delivery, "KDEDUP_WINDOW="+o.window.String(),
 			fmt.Sprintf("KDEDUP_PPROF=%t", profile != ""))
@@ -197,7 +196,7 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 				profiled <- err
 				return
 			}
-			profiled <- benchenv.FetchCPUProfile(wctx, httpAddr, o.profileTime, profile)
+			profiled <- harness.FetchCPUProfile(wctx, httpAddr, o.profileTime, profile)
 		}()
 	}
 	res.steady, err = waitGroup(wctx, o, group, start, stdout)

@@ -2,9 +2,11 @@
 // sized, so that every benchmark reads its environment and the process's
 // resources the same way: integer settings from environment variables,
 // the process's CPU time, its peak resident set and gathered Prometheus
-// metrics, and the benchmark keys; and what they need of a worker run as a
-// child process (process.go: its CPU time, memory and memory cgroup;
-// worker.go: its address, environment, scraped metrics and CPU profile). Linux figures come from getrusage and
+// metrics, and the benchmark keys; and a child process's CPU time, memory
+// and memory cgroup (process.go). What a benchmark needs of a worker run
+// as a child process over its HTTP server is in internal/harness
+// (worker.go). benchenv imports none of kdedup's packages, so that a
+// benchmark binary's own memory stays that of the package it measures. Linux figures come from getrusage and
 // /proc/self; elsewhere PeakRSS reports -1. Its functions are safe for
 // concurrent use.
 package benchenv
@@ -20,6 +22,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Int returns the environment variable name as a non-negative integer, or
@@ -82,8 +85,18 @@ func Gathered(tb testing.TB, reg prometheus.Gatherer, name string) float64 {
 	total := 0.0
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			total += familySum(mf)
+			total += FamilySum(mf)
 		}
+	}
+	return total
+}
+
+// FamilySum returns the sum of mf's counter, gauge and untyped values over
+// their labels (a histogram or summary sums to 0).
+func FamilySum(mf *dto.MetricFamily) float64 {
+	total := 0.0
+	for _, m := range mf.GetMetric() {
+		total += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue()
 	}
 	return total
 }

@@ -3,6 +3,10 @@ package benchenv
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,5 +52,35 @@ func TestIntAndGathered(t *testing.T) {
 	}
 	if CPU(t) <= 0 {
 		t.Fatal("no CPU time used")
+	}
+}
+
+// TestImportsNoKdedupPackage: benchenv is imported by the store's and the
+// filter's benchmarks, so its imports are in their binaries and in the
+// peak resident memory they report. Importing config (and through it the
+// consumer and franz-go) added 25 MiB to the store benchmarks' peaks; no
+// kdedup package may come in through benchenv.
+func TestImportsNoKdedupPackage(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	out, err := exec.Command(goTool, "list", "-deps", "-f", "{{.ImportPath}}", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	const self = "github.com/kdedup/kdedup/internal/benchenv"
+	seen := false
+	for dep := range strings.FieldsSeq(string(out)) {
+		if dep == self {
+			seen = true
+			continue
+		}
+		if strings.HasPrefix(dep, "github.com/kdedup/kdedup/") {
+			t.Errorf("benchenv imports %s", dep)
+		}
+	}
+	if !seen {
+		t.Fatalf("go list did not list %s itself:\n%s", self, out)
 	}
 }

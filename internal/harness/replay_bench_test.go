@@ -253,7 +253,7 @@ func startWorkerProcess(b *testing.B, env map[string]string) *childProcess {
 			b.Fatalf("building kdedup: %v\n%s", err, out)
 		}
 	}
-	addr, err := benchenv.FreeAddr()
+	addr, err := harness.FreeAddr()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func startWorkerProcess(b *testing.B, env map[string]string) *childProcess {
 	} else {
 		c.cmd = exec.Command(bin, "run")
 	}
-	c.cmd.Env = benchenv.WorkerEnv()
+	c.cmd.Env = harness.WorkerEnv()
 	for k, v := range env {
 		c.cmd.Env = append(c.cmd.Env, k+"="+v)
 	}
@@ -329,7 +329,7 @@ func (c *childProcess) ran() replayRun       { return c.run }
 func (c *childProcess) pid() int             { return c.cmd.Process.Pid }
 func (c *childProcess) memory() *memoryWatch { return c.watch }
 func (c *childProcess) replayed() float64 {
-	metrics, err := benchenv.Scrape(context.Background(), c.addr)
+	metrics, err := harness.Scrape(context.Background(), c.addr)
 	if err != nil {
 		c.fail("serving metrics", err)
 	}
@@ -345,7 +345,7 @@ const childProfileTime = 25 * time.Second
 // when KDEDUP_BENCH_CPUPROFILE is).
 func (c *childProcess) cpuProfile(file string) func() error {
 	done := make(chan error, 1)
-	go func() { done <- benchenv.FetchCPUProfile(context.Background(), c.addr, childProfileTime, file) }()
+	go func() { done <- harness.FetchCPUProfile(context.Background(), c.addr, childProfileTime, file) }()
 	return func() error { return <-done }
 }
 

@@ -1,4 +1,4 @@
-package benchenv
+package harness
 
 import (
 	"context"
@@ -12,16 +12,20 @@ import (
 	"strings"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
 	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/internal/benchenv"
 )
 
 // What a benchmark or test needs of a worker it runs as a child process
 // (`kdedup run`): an address for its HTTP server, its environment, its
-// metrics and its CPU profile, read over that server.
+// metrics and its CPU profile, read over that server. They live here, not
+// in benchenv, because WorkerEnv needs config, whose imports (the
+// consumer, franz-go) would add about 25 MiB of resident memory to every
+// store and filter benchmark binary that imports benchenv, and so to the
+// peaks those benchmarks report.
 
 // FreeAddr returns a loopback address (host:port) whose port was free at
 // the moment, for a worker's KDEDUP_HTTP_ADDR.
@@ -69,18 +73,9 @@ func Scrape(ctx context.Context, addr string) (map[string]float64, error) {
 	}
 	sums := make(map[string]float64, len(mfs))
 	for name, mf := range mfs {
-		sums[name] = familySum(mf)
+		sums[name] = benchenv.FamilySum(mf)
 	}
 	return sums, nil
-}
-
-// familySum is the sum of mf's counter, gauge and untyped values.
-func familySum(mf *dto.MetricFamily) float64 {
-	total := 0.0
-	for _, m := range mf.GetMetric() {
-		total += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue()
-	}
-	return total
 }
 
 // FetchCPUProfile writes to file the CPU profile of the worker serving HTTP

@@ -1,4 +1,4 @@
-package benchenv
+package harness
 
 import (
 	"context"
