@@ -2,7 +2,10 @@
 // Kafka-protocol broker (franz-go's kfake): it starts the broker, produces a
 // stream with progress, runs the real worker (internal/app.Run) until it is
 // ready, and waits for a consumer group to commit the end of the input,
-// measuring the committed offsets' rate. kdedup demo and kdedup bench share
+// measuring the committed offsets' rate; for a worker run as a child
+// process (kdedup run) it gives a free address, the environment, and reads
+// the worker's metrics and CPU profile over its HTTP server (worker.go).
+// kdedup demo, kdedup bench, BenchmarkReplay and the end-to-end tests share
 // it. It is apart from internal/scenario, the exact model the worker is
 // checked against, so that the model never depends on the code it checks.
 package harness
