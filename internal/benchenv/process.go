@@ -85,23 +85,29 @@ type MemoryCgroup struct {
 	v2  bool
 }
 
+// ErrNoMemoryCgroup is returned (wrapped) by NewMemoryCgroup when this
+// process has no memory cgroup it may make a child in: no memory
+// controller, or a cgroup file system it may not write.
+var ErrNoMemoryCgroup = errors.New("no memory cgroup can be made here")
+
 // NewMemoryCgroup makes the memory cgroup name below this process's
 // memory cgroup with a limit of limit bytes, swap included where the
 // kernel accounts swap (so that the limit cannot be passed by swapping).
-// It returns an error naming the file it could not write when the cgroup
-// file system does not allow it.
+// Errors: ErrNoMemoryCgroup (wrapped) when the cgroup cannot be made; an
+// error naming the file and value when a limit cannot be written to the
+// cgroup made (which is then removed).
 func NewMemoryCgroup(name string, limit int64) (*MemoryCgroup, error) {
 	self, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
-		return nil, fmt.Errorf("memory cgroup: %w", err)
+		return nil, fmt.Errorf("memory cgroup: %w: %w", ErrNoMemoryCgroup, err)
 	}
 	parent, v2, err := memoryCgroupDir(string(self), "/sys/fs/cgroup")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrNoMemoryCgroup, err)
 	}
 	c := &MemoryCgroup{Dir: filepath.Join(parent, name), v2: v2}
 	if err := os.Mkdir(c.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("memory cgroup: %w (a writable cgroup file system is needed: root, or a delegated cgroup)", err)
+		return nil, fmt.Errorf("memory cgroup: %w: %w (a writable cgroup file system is needed: root, or a delegated cgroup)", ErrNoMemoryCgroup, err)
 	}
 	limitFile, swapFile, swap := "memory.limit_in_bytes", "memory.memsw.limit_in_bytes", strconv.FormatInt(limit, 10)
 	if v2 {
