@@ -71,6 +71,10 @@
 //	K | uint32 sequence                           page delta: runs of uvarint gap | uvarint length | bytes
 //	P | 'd' | uint32 sub-filter                   sub-filter dropped, pages not yet deleted (empty value)
 //	P | 'i'                                       Import not finished: the partition has no state (empty value)
+//	P | 'o'                                       origin: uint16 len | topic ID | uint16 len | cluster ID (origin.go)
+//
+// The origin key is optional: state written before origins were recorded
+// has none, and the consumer adopts it with its topic's current IDs.
 //
 // Layout version 1 stored every page whole under K without a sequence
 // number; Open refuses it like any other version (ErrCorrupt), and the

@@ -21,6 +21,10 @@ type Image struct {
 	// PageBytes is the size of every page, in bytes (Options.PageBytes of
 	// the DB exported from).
 	PageBytes int
+	// Origin is the topic and cluster the state was built from (zero:
+	// not recorded). Export reads it with the state; Import records it
+	// with the state, in the image's last transaction.
+	Origin Origin
 }
 
 // Export reads the committed state of tp as of one Badger read timestamp,
@@ -57,6 +61,14 @@ func (db *DB) Export(tp TopicPartition, header func(Image) error, page func(id f
 		if err != nil {
 			return err
 		}
+		var origin Origin
+		if ob, ok, err := get(txn, originKey(p.prefix)); err != nil {
+			return err
+		} else if ok {
+			if origin, err = decodeOrigin(ob); err != nil {
+				return err
+			}
+		}
 		dropped := map[uint32]bool{}
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: append(append([]byte{}, p.prefix...), tagDropped)})
 		for it.Rewind(); it.Valid(); it.Next() {
@@ -65,7 +77,7 @@ func (db *DB) Export(tp TopicPartition, header func(Image) error, page func(id f
 		}
 		it.Close()
 		found = true
-		if err := header(Image{Meta: meta, Checkpoint: cp, PageBytes: db.opts.PageBytes}); err != nil {
+		if err := header(Image{Meta: meta, Checkpoint: cp, PageBytes: db.opts.PageBytes, Origin: origin}); err != nil {
 			return err
 		}
 		pages := append(append([]byte{}, p.prefix...), tagPage)
@@ -141,7 +153,7 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 		return fmt.Errorf("store: importing %s: marking the import: %w", p.tp, err) // nothing replaced
 	}
 	p.Discard()
-	p.meta, p.cp, p.hasCP = nil, Checkpoint{}, false
+	p.meta, p.cp, p.hasCP, p.origin = nil, Checkpoint{}, false, Origin{}
 	p.reclaim, p.obsolete, p.consolidated = nil, nil, false
 	// From here on a failure leaves no state: what was imported is deleted
 	// with the marker (or, if that fails too, when the partition is next
@@ -196,11 +208,16 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 		if err := txn.Set(checkpointKey(p.prefix), encodeCheckpoint(img.Checkpoint)); err != nil {
 			return err
 		}
+		if !img.Origin.IsZero() {
+			if err := txn.Set(originKey(p.prefix), encodeOrigin(img.Origin)); err != nil {
+				return err
+			}
+		}
 		return txn.Delete(importingKey(p.prefix))
 	}); err != nil {
 		return fail(fmt.Errorf("committing the image: %w", err))
 	}
-	p.meta, p.cp, p.hasCP = append([]byte{}, img.Meta...), img.Checkpoint, true
+	p.meta, p.cp, p.hasCP, p.origin = append([]byte{}, img.Meta...), img.Checkpoint, true, img.Origin
 	for _, w := range warmed {
 		p.cache(w.id, &cachedPage{data: w.data}) // stored as a base of sequence 0: the zero log
 	}

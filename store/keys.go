@@ -18,6 +18,7 @@ const (
 	tagPage       byte = 'p' // after a partition prefix: uint32 sub-filter | uint32 page [| uint32 delta sequence]
 	tagDropped    byte = 'd' // after a partition prefix: uint32 sub-filter whose pages are to be deleted
 	tagImporting  byte = 'i' // after a partition prefix: an Import not finished (empty value)
+	tagOrigin     byte = 'o' // after a partition prefix: the state's topic ID and cluster ID (origin.go)
 
 	// maxTopicBytes is Kafka's limit on a topic name (Topic.MAX_NAME_LENGTH
 	// in Kafka's common/internals/Topic.java). Bounding the key length lets

@@ -69,6 +69,7 @@ type PartitionState struct {
 	meta    []byte
 	cp      Checkpoint
 	hasCP   bool
+	origin  Origin
 	closed  bool
 	// consolidated: ConsolidateStep found no live delta and no write batch
 	// has written one since.
@@ -86,14 +87,17 @@ type PartitionState struct {
 }
 
 func (p *PartitionState) load() error {
-	var meta, cp []byte
-	var hasMeta, hasCP, importing bool
+	var meta, cp, origin []byte
+	var hasMeta, hasCP, hasOrigin, importing bool
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
 		var err error
 		if importing, err = has(txn, importingKey(p.prefix)); err != nil || importing {
 			return err
 		}
 		if meta, hasMeta, err = get(txn, metaKey(p.prefix)); err != nil {
+			return err
+		}
+		if origin, hasOrigin, err = get(txn, originKey(p.prefix)); err != nil {
 			return err
 		}
 		cp, hasCP, err = get(txn, checkpointKey(p.prefix))
@@ -112,6 +116,11 @@ func (p *PartitionState) load() error {
 			return fmt.Errorf("store: loading %s: deleting an unfinished import: %w", p.tp, err)
 		}
 		return nil
+	}
+	if hasOrigin {
+		if p.origin, err = decodeOrigin(origin); err != nil {
+			return p.db.corrupted(fmt.Errorf("store: loading %s: %w; %s", p.tp, err, recoverHint))
+		}
 	}
 	if hasMeta != hasCP {
 		return p.db.corrupted(fmt.Errorf("store: loading %s: %w", p.tp, corruptError(p.db.where,
