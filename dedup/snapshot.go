@@ -90,3 +90,42 @@ func (p *Deduplicator) reopen(meta []byte) error {
 // beside the state (a snapshot's download); the system's temporary
 // directory for a store in memory.
 func (o *Opener) StateDir() string { return o.db.Dir() }
+
+// Origin is the topic and cluster p's state was built from
+// (store.PartitionState.Origin): zero when not recorded.
+func (p *Deduplicator) Origin() store.Origin { return p.state.Origin() }
+
+// SetOrigin records o as the origin of p's state
+// (store.PartitionState.SetOrigin).
+func (p *Deduplicator) SetOrigin(o store.Origin) error {
+	if err := p.state.SetOrigin(o); err != nil {
+		return fmt.Errorf("recording the origin of %s/%d: %w", p.topic, p.partition, err)
+	}
+	return nil
+}
+
+// Clear deletes p's state, committed or staged, and starts an empty filter
+// (a new hash seed unless Options.HashSeed is set): what a partition with
+// no state starts with (store.PartitionState.Clear). The caller moves a
+// state aside before it clears it; an error leaves p with the state it
+// had, or, once the store began deleting it, with none and an empty filter.
+func (p *Deduplicator) Clear() error {
+	if p.overlay != nil {
+		p.overlay.Discard()
+		p.syncStaged()
+	}
+	p.ahead.recs = nil
+	p.buckets = bucketAhead{}
+	p.tally = tally{}
+	err := p.state.Clear()
+	if _, ok := p.state.Checkpoint(); ok {
+		return fmt.Errorf("clearing %s/%d: %w", p.topic, p.partition, err)
+	}
+	if rerr := p.reopen(nil); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	if err != nil {
+		return fmt.Errorf("clearing %s/%d: %w", p.topic, p.partition, err)
+	}
+	return nil
+}

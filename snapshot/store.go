@@ -123,6 +123,12 @@ type Manifest struct {
 	// Pages is the pages in the object; PageBytes their size.
 	Pages     int64 `json:"pages"`
 	PageBytes int   `json:"page_bytes"`
+	// TopicID and ClusterID are the origin of the state (store.Origin):
+	// the topic incarnation and the Kafka cluster it was built from,
+	// absent in snapshots of state written before origins were recorded.
+	// A consumer restores no snapshot of another topic ID or cluster.
+	TopicID   string `json:"topic_id,omitempty"`
+	ClusterID string `json:"cluster_id,omitempty"`
 
 	key string
 	// stored is when the store wrote the manifest (its clock, not the
@@ -138,6 +144,12 @@ func (m Manifest) TopicPartition() store.TopicPartition {
 // Checkpoint is the offset the snapshot's state reflects.
 func (m Manifest) Checkpoint() store.Checkpoint {
 	return store.Checkpoint{Offset: m.Offset, LeaderEpoch: m.LeaderEpoch}
+}
+
+// Origin is the topic and cluster the snapshot's state was built from
+// (zero: not recorded).
+func (m Manifest) Origin() store.Origin {
+	return store.Origin{TopicID: m.TopicID, ClusterID: m.ClusterID}
 }
 
 // Key is the manifest's object key in its store.
@@ -172,6 +184,7 @@ func (s *Store) Put(ctx context.Context, tp store.TopicPartition, src Source) (M
 	)
 	found, err := src(func(img store.Image) error {
 		m.Offset, m.LeaderEpoch, m.PageBytes = img.Checkpoint.Offset, img.Checkpoint.LeaderEpoch, img.PageBytes
+		m.TopicID, m.ClusterID = img.Origin.TopicID, img.Origin.ClusterID
 		m.Object = dir(tp) + "data/" + fmt.Sprintf("%020d-%s.kds", m.Offset, id)
 		var err error
 		if w, err = s.b.NewWriter(ctx, m.Object, &blob.WriterOptions{ContentType: "application/octet-stream"}); err != nil {
