@@ -26,6 +26,8 @@ type metrics struct {
 	sessionRestarts  prometheus.Counter
 	partitionsLost   prometheus.Counter
 	deadLetters      *prometheus.CounterVec
+	foreignStates    *prometheus.CounterVec
+	beyondLogEnd     prometheus.Counter
 }
 
 // newMetrics registers the worker's metrics with reg (nil: none), among
@@ -74,6 +76,13 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 			Help: "Kafka client sessions restarted after the transactional producer became unusable (fenced); exactly-once only."}),
 		deadLetters: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_dead_letter_records_total",
 			Help: "Records acknowledged by the dead-letter topic, by reason (too-large, invalid, decompress-too-large); exactly once, those of an aborted transaction are counted again when decided again."}, []string{"reason"}),
+		foreignStates: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_foreign_states_total",
+			Help: "Partition states found to belong to another topic ID or Kafka cluster than the partition's (a topic deleted and created again, another cluster or environment), by source: local (the data directory's state, moved aside into foreign-states/ and rebuilt) or snapshot (a snapshot not restored)."}, []string{"source"}),
+		beyondLogEnd: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_checkpoints_beyond_log_end_total",
+			Help: "Partitions whose state of this topic had a checkpoint beyond the log end (the log was truncated): they kept their keys and resumed at the log end."}),
+	}
+	for _, s := range []string{"local", "snapshot"} {
+		m.foreignStates.WithLabelValues(s)
 	}
 	if w.opts.DeadLetterTopic != "" {
 		for _, r := range []string{ReasonTooLarge, ReasonInvalid, ReasonDecompressTooLarge} {

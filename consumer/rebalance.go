@@ -43,7 +43,9 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 }
 
 // adjustOffsets chooses where each newly assigned partition starts, from
-// its Badger checkpoint and the group's committed offset:
+// its Badger checkpoint and the group's committed offset, once the state is
+// known to be this topic's (origin.go: a state of another topic ID or
+// cluster is moved aside first, and the partition has no local state):
 //
 //   - equal: resume;
 //   - checkpoint ahead (a crash between the Badger and the group commit, at
@@ -70,6 +72,7 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 	var (
 		starts kadm.ListedOffsets
 		seen   groupOffsets
+		info   planInfo
 		cl     = w.client()
 		adm    = kadm.NewClient(cl)
 	)
@@ -91,7 +94,7 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 				ps[p] = pw.start
 				continue
 			}
-			start, err := w.plan(ctx, cl, adm, &starts, &seen, pw, o)
+			start, err := w.plan(ctx, cl, adm, &starts, &seen, &info, pw, o)
 			pw.owned.Or(ownedPlanned)
 			pw.settlePlan() // after a replay began: readiness never sees a gap
 			if err != nil {
@@ -107,16 +110,30 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 // plan returns where pw starts in the group client, given the group's
 // committed offset o, and starts its replay when it needs one (see
 // adjustOffsets). starts caches the input's start offsets, seen the topics
-// the group has committed offsets for.
+// the group has committed offsets for, info the topics' origins and end
+// offsets.
 //
 // Records below the log start were deleted by retention. A replay that
 // should have read them is partial (counted, logged); records the group
 // client should have decided are gone too: the partition resumes at the
 // log start, never at its end, logs the offsets lost and counts them
 // (kdedup_retention_skipped_offsets_total).
-func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, starts *kadm.ListedOffsets, seen *groupOffsets, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
+func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, starts *kadm.ListedOffsets, seen *groupOffsets, info *planInfo, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
 	topic, p := pw.topic, pw.partition
 	group := o.EpochOffset().Offset // negative: no committed offset
+	cur, err := w.origin(ctx, adm, info, topic)
+	if err != nil {
+		return o, err
+	}
+	if at, resume, err := w.checkOrigin(ctx, adm, info, pw, cur); err != nil {
+		if ctx.Err() == nil {
+			pw.fail(fmt.Errorf("checking that the state of %s/%d is this topic's: %w", topic, p, err))
+		}
+		return o, err
+	} else if resume {
+		w.countRestore("local")
+		return at, nil
+	}
 	cp, ok := pw.dedup.Checkpoint()
 	if !ok && group < 0 { // nothing committed, no state: start empty
 		return w.startEmpty(ctx, adm, seen, pw, o)
@@ -154,7 +171,7 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 	case ok:
 		from = cp.Offset
 	case w.opts.RebuildEmpty:
-		if snap := w.planSnapshot(ctx, pw, -1, group, false); snap != nil {
+		if snap := w.planSnapshot(ctx, pw, cur, -1, group, false); snap != nil {
 			snap.rebuildEmpty = true
 			pw.snapPlan, from = snap, snap.candidates[0].Offset
 			break
@@ -169,7 +186,7 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 		}
 	}
 	if pw.snapPlan == nil && from < group {
-		if snap := w.planSnapshot(ctx, pw, from, group, ok); snap != nil {
+		if snap := w.planSnapshot(ctx, pw, cur, from, group, ok); snap != nil {
 			pw.snapPlan, from = snap, snap.candidates[0].Offset
 		} else {
 			w.countRestore("replay")

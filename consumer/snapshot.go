@@ -235,14 +235,19 @@ type snapshotPlan struct {
 	// rebuildEmpty: without a snapshot the partition starts empty at
 	// the group's offset (Options.RebuildEmpty).
 	rebuildEmpty bool
+	// origin is the topic's current origin, recorded with the state
+	// restored (the candidates are of it, or record none).
+	origin store.Origin
 }
 
 // planSnapshot returns the snapshots pw may restore from instead of
-// replaying from `from` up to group: those at or below group and, when
-// the partition has local state at from, more than snapshotMinSkip past
-// it; nil when there is none or the store cannot be listed (logged: the
-// replay goes on as without snapshots).
-func (w *Worker) planSnapshot(ctx context.Context, pw *partitionWorker, from, group int64, hasLocal bool) *snapshotPlan {
+// replaying from `from` up to group: those of the topic's origin cur (or
+// recording none), at or below group and, when the partition has local
+// state at from, more than snapshotMinSkip past it; nil when there is none
+// or the store cannot be listed (logged: the replay goes on as without
+// snapshots). A snapshot of another topic ID or cluster is logged at ERROR
+// and counted (kdedup_foreign_states_total{source="snapshot"}).
+func (w *Worker) planSnapshot(ctx context.Context, pw *partitionWorker, cur store.Origin, from, group int64, hasLocal bool) *snapshotPlan {
 	s := w.snaps
 	if s == nil || group < 0 || (hasLocal && group-from <= snapshotMinSkip) {
 		return nil // no snapshot could skip enough of the replay
@@ -263,8 +268,15 @@ func (w *Worker) planSnapshot(ctx context.Context, pw *partitionWorker, from, gr
 	for _, e := range skipped {
 		s.w.log.Warn("snapshot manifest skipped", "topic", pw.topic, "partition", pw.partition, "err", e)
 	}
-	plan := &snapshotPlan{hasLocal: hasLocal}
+	plan := &snapshotPlan{hasLocal: hasLocal, origin: cur}
 	for _, m := range ms {
+		if m.Origin().Differs(cur) {
+			w.m.foreignStates.WithLabelValues("snapshot").Inc()
+			w.log.Error("not restoring a snapshot of another topic ID or cluster: the topic was deleted and created again, or the snapshot store and group name are shared with another cluster",
+				"topic", pw.topic, "partition", pw.partition, "snapshot", m.Key(), "offset", m.Offset,
+				"snapshot_topic_id", m.TopicID, "snapshot_cluster_id", m.ClusterID, "topic_id", cur.TopicID, "cluster_id", cur.ClusterID)
+			continue
+		}
 		if m.Offset > group || (hasLocal && m.Offset <= from+snapshotMinSkip) || m.Offset <= from {
 			continue
 		}
@@ -299,7 +311,10 @@ func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Clien
 		// snapshot that fails here leaves the local state as it was.
 		f, err := s.st.Fetch(ctx, m, w.opts.Dedup.StateDir())
 		if err == nil {
-			err = f.Load(ctx, pw.dedup.Restore)
+			err = f.Load(ctx, func(img store.Image, pages func(put func(filter.PageID, []byte) error) error) error {
+				img.Origin = m.Origin().Adopted(plan.origin)
+				return pw.dedup.Restore(img, pages)
+			})
 			f.Close()
 		}
 		if ctx.Err() != nil {

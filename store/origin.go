@@ -142,3 +142,16 @@ func (p *PartitionState) Clear() error {
 	}
 	return nil
 }
+
+// Adopted is the origin a state of origin o takes when the topic of origin
+// cur adopts it (o does not differ from cur): cur's IDs, and o's where cur
+// knows none.
+func (o Origin) Adopted(cur Origin) Origin {
+	if cur.TopicID == "" {
+		cur.TopicID = o.TopicID
+	}
+	if cur.ClusterID == "" {
+		cur.ClusterID = o.ClusterID
+	}
+	return cur
+}
