@@ -209,7 +209,19 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 		// but fetches nothing until the replay (after the snapshot's
 		// restore, if any) has caught up.
 		cl.PauseFetchPartitions(map[string][]int32{topic: {p}})
-		pw.startReplay(cl, from, group, partial)
+		var resume *store.Checkpoint
+		if group >= 0 && group < logStart {
+			// Only with a snapshot: records past the group's offset were
+			// deleted before anyone decided them. The restore goroutine
+			// owns the partition until its replay ends, so it is the one
+			// that moves the start to the log start (startAt), after its
+			// last write batch; counted here, once.
+			resume = &store.Checkpoint{Offset: logStart, LeaderEpoch: -1}
+			w.countRetentionSkipped(pw, group, logStart)
+			o = kgo.NewOffset().At(logStart)
+		}
+		pw.startReplay(cl, from, group, partial, resume)
+		return o, nil
 	}
 	return w.clampGroup(pw, o, logStart), nil
 }
@@ -248,10 +260,16 @@ func (w *Worker) clampGroup(pw *partitionWorker, o kgo.Offset, logStart int64) k
 // that the loss is counted once.
 func (w *Worker) skipToLogStart(pw *partitionWorker, from, logStart int64) kgo.Offset {
 	pw.startAt(store.Checkpoint{Offset: logStart, LeaderEpoch: -1})
+	w.countRetentionSkipped(pw, from, logStart)
+	return kgo.NewOffset().At(logStart)
+}
+
+// countRetentionSkipped logs and counts the offsets [from, logStart) that
+// pw had to decide but retention deleted first.
+func (w *Worker) countRetentionSkipped(pw *partitionWorker, from, logStart int64) {
 	w.m.retentionSkipped.Add(float64(logStart - from))
 	w.log.Warn("records deleted by retention before they were decided: resuming at the earliest retained offset; these records were neither forwarded nor remembered",
 		"topic", pw.topic, "partition", pw.partition, "lost_from", from, "lost_to", logStart, "lost_offsets", logStart-from)
-	return kgo.NewOffset().At(logStart)
 }
 
 // startEmpty returns where a partition with neither a committed offset nor

@@ -46,12 +46,15 @@ const restoreIdle = time.Second
 // and counted the replay as a partial rebuild: input found deleted while
 // the replay runs is then logged but not counted again. It runs on the
 // group client's goroutine (adjustOffsets), before any record of the
-// partition is fetched.
-func (pw *partitionWorker) startReplay(cl *kgo.Client, from, until int64, partial bool) {
+// partition is fetched. resume, when set, is where the partition starts
+// once the replay has ended (startAt: the plan found the records from
+// until to it deleted before anyone decided them, and counted them); the
+// restore goroutine moves it there, since it owns the partition until then.
+func (pw *partitionWorker) startReplay(cl *kgo.Client, from, until int64, partial bool, resume *store.Checkpoint) {
 	pw.replayMu.Lock()
 	pw.replay = replayState{from: from, until: until, start: time.Now(), logged: time.Now()}
 	pw.replayMu.Unlock()
-	pw.replayLeft.Store(until - from)
+	pw.replayLeft.Store(max(0, until-from))
 	pw.owned.Or(ownedReplaying)
 	pw.w.restoring.Add(1)
 	pw.w.m.restoring.Inc()
@@ -62,7 +65,7 @@ func (pw *partitionWorker) startReplay(cl *kgo.Client, from, until int64, partia
 	pw.replayMu.Lock()
 	pw.cancelRestore, pw.restoreDone = cancel, done
 	pw.replayMu.Unlock()
-	go pw.restore(ctx, cancel, done, cl, from, until, partial)
+	go pw.restore(ctx, cancel, done, cl, from, until, partial, resume)
 }
 
 // stopReplay stops a running replay and waits for it. abort (the partition
@@ -84,7 +87,7 @@ func (pw *partitionWorker) stopReplay(abort bool) {
 // restore runs a replay to its end, then resumes the partition in the group
 // client. A stopped replay leaves the partition paused: the client resumes
 // it when the partition is assigned again.
-func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFunc, done chan struct{}, group *kgo.Client, from, until int64, partial bool) {
+func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFunc, done chan struct{}, group *kgo.Client, from, until int64, partial bool, resume *store.Checkpoint) {
 	defer close(done)
 	defer cancel()
 	if plan := pw.snapPlan; plan != nil {
@@ -111,7 +114,10 @@ func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFun
 		err      error
 	)
 	if from < until {
-		replayed, stopped, err = pw.replayRange(ctx, from, until, partial)
+		replayed, stopped, err = pw.replayRange(ctx, from, until, partial, resume != nil)
+	}
+	if !stopped && err == nil && resume != nil {
+		pw.startAt(*resume)
 	}
 	pw.endReplay(!stopped && err == nil, replayed)
 	switch {
@@ -135,7 +141,7 @@ func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFun
 // is the records replayed into the filter (control records and skipped
 // batches not counted, as kdedup_replayed_records_total); stopped reports a
 // replay ended by ctx (stopReplay) before its end.
-func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64, partial bool) (replayed int64, stopped bool, err error) {
+func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64, partial, pastUntilCounted bool) (replayed int64, stopped bool, err error) {
 	w := pw.w
 	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(w.opts.Brokers...),
@@ -221,7 +227,7 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64, p
 		}
 		if outOfRange && !done {
 			var skipped bool
-			if cp, done, skipped = pw.skipLost(ctx, cl, adm, cp, until, partial); skipped {
+			if cp, done, skipped = pw.skipLost(ctx, cl, adm, cp, until, partial, pastUntilCounted); skipped {
 				partial = true
 				got++
 			}
@@ -276,10 +282,12 @@ func (pw *partitionWorker) commitReplay(cp store.Checkpoint) error {
 // lost, which makes the replay partial. It logs them at WARN, counts a
 // partial rebuild unless partial (the replay was counted already: once per
 // replay), and moves the restore client to the log start; skipped reports
-// that. A log that now ends at or before cp (truncated) ends the replay:
+// that. Offsets past until that were deleted too are counted in
+// kdedup_retention_skipped_offsets_total unless pastUntilCounted (the plan
+// counted them). A log that now ends at or before cp (truncated) ends the replay:
 // done. Otherwise (a broker behind, or a listing that failed) it waits a
 // little and the restore client fetches again at cp.
-func (pw *partitionWorker) skipLost(ctx context.Context, cl *kgo.Client, adm *kadm.Client, cp store.Checkpoint, until int64, partial bool) (next store.Checkpoint, done, skipped bool) {
+func (pw *partitionWorker) skipLost(ctx context.Context, cl *kgo.Client, adm *kadm.Client, cp store.Checkpoint, until int64, partial, pastUntilCounted bool) (next store.Checkpoint, done, skipped bool) {
 	w := pw.w
 	start, err := pw.listedOffset(ctx, adm.ListStartOffsets)
 	if err == nil && start > cp.Offset {
@@ -289,7 +297,7 @@ func (pw *partitionWorker) skipLost(ctx context.Context, cl *kgo.Client, adm *ka
 		}
 		w.log.Warn("replay is partial: input was deleted before the replay read it (retention or DeleteRecords), so keys first seen there are not in the filter and deletes there are not applied",
 			"topic", pw.topic, "partition", pw.partition, "lost_from", cp.Offset, "lost_to", lostTo)
-		if start > until {
+		if start > until && !pastUntilCounted {
 			// Past the replay's end too: records no owner decided, which
 			// the group client skips when it resumes (its reset offset is
 			// the log start), as the plan's skipToLogStart counts them.
