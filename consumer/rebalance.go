@@ -168,14 +168,19 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 			return o, nil
 		}
 		return kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch), nil
+	case w.snapshotMayHelp(ok, cp.Offset, group):
+		// The restore goroutine lists the snapshots and falls back to what
+		// the plan would do without them (restoreSnapshot): the store is
+		// not asked here, inside the group's callback, where a slow
+		// listing held every partition and a rebalance cancelled it.
+		pw.snapPlan = &snapshotPlan{hasLocal: ok, rebuildEmpty: !ok && w.opts.RebuildEmpty, origin: cur}
+		from = 0
+		if ok {
+			from = cp.Offset
+		}
 	case ok:
 		from = cp.Offset
 	case w.opts.RebuildEmpty:
-		if snap := w.planSnapshot(ctx, pw, cur, -1, group, false); snap != nil {
-			snap.rebuildEmpty = true
-			pw.snapPlan, from = snap, snap.candidates[0].Offset
-			break
-		}
 		w.countRestore("replay")
 		w.log.Info("no local state: starting with an empty filter (KDEDUP_REBUILD=empty)", "topic", topic, "partition", p, "group_offset", group)
 		return w.clampGroup(pw, o, logStart), nil
@@ -186,18 +191,14 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 		}
 	}
 	if pw.snapPlan == nil && from < group {
-		if snap := w.planSnapshot(ctx, pw, cur, from, group, ok); snap != nil {
-			pw.snapPlan, from = snap, snap.candidates[0].Offset
-		} else {
-			w.countRestore("replay")
-		}
+		w.countRestore("replay")
 	}
 	if lsErr != nil {
 		pw.snapPlan = nil
 		return o, lsErr // the replay's start is unknown
 	}
 	partial := false
-	if logStart > from {
+	if pw.snapPlan == nil && logStart > from {
 		partial = true
 		w.m.partialRebuilds.Inc()
 		w.log.Warn("replay is partial: the input before the earliest retained offset is gone, so keys first seen there are not in the filter and deletes there are not applied",

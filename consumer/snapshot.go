@@ -29,14 +29,21 @@ import (
 //
 // Restores: where the plan would replay (no local state, or local state
 // behind the group's offset by more than snapshotMinSkip offsets), it
-// lists the partition's snapshots and takes the newest at or below the
-// group's committed offset (and past the local checkpoint). The restore
-// goroutine then loads it (dedup.Deduplicator.Restore: parameters checked,
-// SHA-256 checked before the state is committed) and replays only
-// [snapshot offset, group offset). A snapshot that cannot be used (damaged,
-// missing, other parameters, the store unreachable) is logged at WARN and
-// counted, and the next older is tried, then the replay the plan would
-// have run without snapshots. The group's offset never moves.
+// starts the partition's restore goroutine with a snapshot plan instead,
+// without asking the store inside the group's callback. The restore
+// goroutine lists the partition's snapshots (at most
+// snapshotListParallelism partitions at once) and takes the newest of the
+// topic's origin at or below the group's committed offset (and past the
+// local checkpoint), loads it (dedup.Deduplicator.Restore: parameters
+// checked, SHA-256 checked before the state is committed) and replays only
+// [snapshot offset, group offset). A store that fails a listing or a
+// download is asked again after a growing wait, the partition waiting
+// (not ready) meanwhile, until it answers or the partition is revoked: a
+// transient error never turns a restore into a replay or an empty filter.
+// A snapshot that cannot be used (damaged, missing, other parameters) is
+// logged at WARN and counted, and the next older is tried, then the replay
+// the plan would have run without snapshots. The group's offset never
+// moves.
 
 // DefaultSnapshotInterval is Options.SnapshotInterval's default.
 const DefaultSnapshotInterval = 2 * time.Minute
@@ -65,16 +72,17 @@ type snapshotter struct {
 	// uploading holds a token while an upload runs: one at a time per
 	// worker, and a wait for it ends with its context.
 	uploading chan struct{}
-	// listDownUntil and uploadDownUntil (Unix nanoseconds): the store
-	// failed a listing, or an upload; plans, or uploads, skip it until
-	// then instead of each waiting for the SDK's retries. Apart, so that a
-	// store that refuses writes still serves restores.
-	listDownUntil, uploadDownUntil atomic.Int64
+	// listing holds a token per listing of a partition's snapshots
+	// running (candidates): snapshotListParallelism at once.
+	listing chan struct{}
+	// uploadDownUntil (Unix nanoseconds): the store failed an upload;
+	// uploads skip it until then instead of each waiting for the SDK's
+	// retries. Restores do not: they retry per partition (candidates).
+	uploadDownUntil atomic.Int64
 }
 
-// snapshotListTimeout bounds a plan's listing of one partition's
-// snapshots, and snapshotDownFor is how long plans skip a store that
-// failed one: a group callback plans every partition one after another.
+// snapshotListTimeout bounds one listing of a partition's snapshots, and
+// snapshotDownFor is how long uploads skip a store that failed one.
 const (
 	snapshotListTimeout = 10 * time.Second
 	snapshotDownFor     = 30 * time.Second
@@ -87,11 +95,12 @@ type snapshotMetrics struct {
 	restores       *prometheus.CounterVec
 	restoreSeconds prometheus.Histogram
 	restoreFailed  prometheus.Counter
+	storeErrors    *prometheus.CounterVec
 }
 
 func newSnapshotter(w *Worker, reg prometheus.Registerer) *snapshotter {
 	f := promauto.With(reg)
-	s := &snapshotter{w: w, st: w.opts.Snapshots, uploading: make(chan struct{}, 1), m: snapshotMetrics{
+	s := &snapshotter{w: w, st: w.opts.Snapshots, uploading: make(chan struct{}, 1), listing: make(chan struct{}, snapshotListParallelism), m: snapshotMetrics{
 		uploads: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_snapshot_uploads_total",
 			Help: "Partition snapshots uploaded to the snapshot store, by result (ok, error)."}, []string{"result"}),
 		uploadBytes: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_snapshot_upload_bytes_total",
@@ -103,10 +112,15 @@ func newSnapshotter(w *Worker, reg prometheus.Registerer) *snapshotter {
 		restoreSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "kdedup_snapshot_restore_seconds",
 			Help: "Time to download and load a snapshot into the local state (the gap replay after it not included).", Buckets: prometheus.ExponentialBuckets(0.01, 3, 10)}),
 		restoreFailed: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_snapshot_restore_failures_total",
-			Help: "Snapshots that could not be restored (damaged, missing, written with other parameters, or the store unreachable); an older snapshot or a replay was used instead."}),
+			Help: "Snapshots that could not be restored (damaged, missing, or written with other parameters); an older snapshot or a replay was used instead."}),
+		storeErrors: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_snapshot_store_errors_total",
+			Help: "Requests of a restore that the snapshot store failed, by operation (list: a partition's snapshots; fetch: a download); each is asked again after a growing wait while the partition waits."}, []string{"op"}),
 	}}
 	for _, r := range []string{"ok", "error"} {
 		s.m.uploads.WithLabelValues(r)
+	}
+	for _, op := range []string{"list", "fetch"} {
+		s.m.storeErrors.WithLabelValues(op)
 	}
 	snapshot.RemoveStaleFetches(w.opts.Dedup.StateDir())
 	for _, r := range []string{"local", "snapshot", "replay"} {
@@ -228,64 +242,139 @@ func (s *snapshotter) final(stopped []*partitionWorker) {
 // snapshotPlan is a partition's restore from a snapshot, planned by plan
 // and carried out by the restore goroutine (restoreSnapshot).
 type snapshotPlan struct {
-	// candidates are the usable snapshots, newest first.
-	candidates []snapshot.Manifest
 	// hasLocal: the partition had local state when planned.
 	hasLocal bool
 	// rebuildEmpty: without a snapshot the partition starts empty at
 	// the group's offset (Options.RebuildEmpty).
 	rebuildEmpty bool
 	// origin is the topic's current origin, recorded with the state
-	// restored (the candidates are of it, or record none).
+	// restored (snapshots of another origin are never restored).
 	origin store.Origin
 }
 
-// planSnapshot returns the snapshots pw may restore from instead of
-// replaying from `from` up to group: those of the topic's origin cur (or
-// recording none), at or below group and, when the partition has local
-// state at from, more than snapshotMinSkip past it; nil when there is none
-// or the store cannot be listed (logged: the replay goes on as without
-// snapshots). A snapshot of another topic ID or cluster is logged at ERROR
-// and counted (kdedup_foreign_states_total{source="snapshot"}).
-func (w *Worker) planSnapshot(ctx context.Context, pw *partitionWorker, cur store.Origin, from, group int64, hasLocal bool) *snapshotPlan {
-	s := w.snaps
-	if s == nil || group < 0 || (hasLocal && group-from <= snapshotMinSkip) {
-		return nil // no snapshot could skip enough of the replay
+// snapshotMayHelp reports whether a snapshot could spare the partition a
+// replay: snapshots are configured, the group has a committed offset, and
+// the partition has no local state (hasLocal false) or local state at
+// checkpoint more than snapshotMinSkip behind it.
+func (w *Worker) snapshotMayHelp(hasLocal bool, checkpoint, group int64) bool {
+	return w.snaps != nil && group >= 0 && (!hasLocal || group-checkpoint > snapshotMinSkip)
+}
+
+// snapshotRetryMin and snapshotRetryMax bound the wait between two
+// attempts to list a partition's snapshots, or to download one, while the
+// store fails: doubling from the first to the second.
+const (
+	snapshotRetryMin = 500 * time.Millisecond
+	snapshotRetryMax = 30 * time.Second
+)
+
+// snapshotListParallelism bounds the listings of partitions' snapshots
+// running at once (each a LIST and a GET per manifest read).
+const snapshotListParallelism = 8
+
+// retryWait waits before attempt (0 the first retry) of a failed store
+// request, as long as ctx lets it; false when ctx ended.
+func retryWait(ctx context.Context, attempt int) bool {
+	wait := min(snapshotRetryMax, snapshotRetryMin<<min(attempt, 16))
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(wait):
+		return true
 	}
+}
+
+// candidates lists the snapshots pw may restore from instead of replaying
+// up to until: those of the plan's origin (or recording none), at or below
+// until and past from (the local checkpoint, -1 without local state), by
+// more than snapshotMinSkip with local state; newest first. A snapshot of
+// another topic ID or cluster is logged at ERROR and counted
+// (kdedup_foreign_states_total{source="snapshot"}).
+//
+// A store that fails the listing is asked again after a growing wait
+// (snapshotRetryMin to snapshotRetryMax), the partition waiting meanwhile.
+// After snapshotQuickAttempts failures the partition gives up on the store
+// (none, counted as a restore failure) only when what it does without a
+// snapshot loses nothing: a replay whose whole input is retained.
+// Otherwise (the replay would be partial, or KDEDUP_REBUILD=empty would
+// start empty) it waits for the store until it answers or ctx ends
+// (stopped): a transient error never costs the filter keys.
+func (s *snapshotter) candidates(ctx context.Context, group *kgo.Client, pw *partitionWorker, plan *snapshotPlan, from, until int64) (ms []snapshot.Manifest, stopped bool) {
 	tp := store.TopicPartition{Topic: pw.topic, Partition: pw.partition}
-	if time.Now().UnixNano() < s.listDownUntil.Load() {
-		return nil // logged when the listing failed
+	for attempt := 0; ; attempt++ {
+		select {
+		case s.listing <- struct{}{}:
+		case <-ctx.Done():
+			return nil, true
+		}
+		lctx, cancel := context.WithTimeout(ctx, snapshotListTimeout)
+		all, skipped, err := s.st.List(lctx, tp)
+		cancel()
+		<-s.listing
+		if ctx.Err() != nil {
+			return nil, true
+		}
+		if err == nil {
+			for _, e := range skipped {
+				s.w.log.Warn("snapshot manifest skipped", "topic", pw.topic, "partition", pw.partition, "err", e)
+			}
+			return s.usable(pw, plan, all, from, until), false
+		}
+		s.m.storeErrors.WithLabelValues("list").Inc()
+		if attempt+1 >= snapshotQuickAttempts && pw.replayLosesNothing(ctx, group, plan, from, until) {
+			s.m.restoreFailed.Inc()
+			s.w.log.Warn("cannot list the partition's snapshots; replaying instead (its whole input is retained)", "topic", pw.topic, "partition", pw.partition,
+				"attempts", attempt+1, "err", err)
+			return nil, false
+		}
+		s.w.log.Warn("cannot list the partition's snapshots; asking again, the partition waits", "topic", pw.topic, "partition", pw.partition,
+			"attempt", attempt+1, "err", err)
+		if !retryWait(ctx, attempt) {
+			return nil, true
+		}
 	}
-	lctx, cancel := context.WithTimeout(ctx, snapshotListTimeout)
-	ms, skipped, err := s.st.List(lctx, tp)
-	cancel()
-	if err != nil {
-		s.m.restoreFailed.Inc()
-		s.listDownUntil.Store(time.Now().Add(snapshotDownFor).UnixNano())
-		s.w.log.Warn("cannot list the partition's snapshots; replaying instead, and not asking the store again for 30s", "topic", pw.topic, "partition", pw.partition, "err", err)
-		return nil
+}
+
+// snapshotQuickAttempts is how many failed listings a partition whose
+// replay would lose nothing tries before it replays (candidates).
+const snapshotQuickAttempts = 3
+
+// replayLosesNothing reports whether the partition, without a snapshot,
+// would rebuild exactly: it replays (not KDEDUP_REBUILD=empty) from a start
+// (the local checkpoint from, or windowStart) that retention has not
+// passed. Any listing that fails answers false.
+func (pw *partitionWorker) replayLosesNothing(ctx context.Context, group *kgo.Client, plan *snapshotPlan, from, until int64) bool {
+	if plan.rebuildEmpty {
+		return false
 	}
-	for _, e := range skipped {
-		s.w.log.Warn("snapshot manifest skipped", "topic", pw.topic, "partition", pw.partition, "err", e)
+	adm := kadm.NewClient(group)
+	if !plan.hasLocal {
+		var err error
+		if from, err = pw.w.windowStart(ctx, adm, pw.topic, pw.partition, until); err != nil {
+			return false
+		}
 	}
-	plan := &snapshotPlan{hasLocal: hasLocal, origin: cur}
+	logStart, err := pw.listedOffset(ctx, adm.ListStartOffsets)
+	return err == nil && logStart <= from
+}
+
+// usable returns those of ms that candidates returns.
+func (s *snapshotter) usable(pw *partitionWorker, plan *snapshotPlan, ms []snapshot.Manifest, from, until int64) []snapshot.Manifest {
+	var out []snapshot.Manifest
 	for _, m := range ms {
-		if m.Origin().Differs(cur) {
-			w.m.foreignStates.WithLabelValues("snapshot").Inc()
-			w.log.Error("not restoring a snapshot of another topic ID or cluster: the topic was deleted and created again, or the snapshot store and group name are shared with another cluster",
+		if m.Origin().Differs(plan.origin) {
+			s.w.m.foreignStates.WithLabelValues("snapshot").Inc()
+			s.w.log.Error("not restoring a snapshot of another topic ID or cluster: the topic was deleted and created again, or the snapshot store and group name are shared with another cluster",
 				"topic", pw.topic, "partition", pw.partition, "snapshot", m.Key(), "offset", m.Offset,
-				"snapshot_topic_id", m.TopicID, "snapshot_cluster_id", m.ClusterID, "topic_id", cur.TopicID, "cluster_id", cur.ClusterID)
+				"snapshot_topic_id", m.TopicID, "snapshot_cluster_id", m.ClusterID, "topic_id", plan.origin.TopicID, "cluster_id", plan.origin.ClusterID)
 			continue
 		}
-		if m.Offset > group || (hasLocal && m.Offset <= from+snapshotMinSkip) || m.Offset <= from {
+		if m.Offset > until || m.Offset <= from || (plan.hasLocal && m.Offset <= from+snapshotMinSkip) {
 			continue
 		}
-		plan.candidates = append(plan.candidates, m)
+		out = append(out, m)
 	}
-	if len(plan.candidates) == 0 {
-		return nil
-	}
-	return plan
+	return out
 }
 
 // countRestore counts a partition's assignment by where its state comes
@@ -305,7 +394,16 @@ func (w *Worker) countRestore(source string) {
 // ended first.
 func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Client, plan *snapshotPlan, until int64, partial bool) (from int64, nowPartial, stopped bool, err error) {
 	w, s := pw.w, pw.w.snaps
-	for _, m := range plan.candidates {
+	local := int64(-1)
+	if cp, ok := pw.dedup.Checkpoint(); ok && plan.hasLocal {
+		local = cp.Offset
+	}
+	ms, stopped := s.candidates(ctx, group, pw, plan, local, until)
+	if stopped {
+		return 0, partial, true, nil
+	}
+	for i, attempt := 0, 0; i < len(ms); {
+		m := ms[i]
 		start := time.Now()
 		// Downloaded and checked before anything local changes: a
 		// snapshot that fails here leaves the local state as it was.
@@ -331,13 +429,29 @@ func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Clien
 				"offset", m.Offset, "group_offset", until, "bytes", m.Bytes, "state_bytes", m.StateBytes(), "duration", d.Round(time.Millisecond), "snapshot", m.Key())
 			return m.Offset, partial, false, nil
 		}
-		if f != nil && !errors.Is(err, snapshot.ErrCorrupt) && !errors.Is(err, dedup.ErrSnapshotParams) {
+		switch {
+		case f != nil && !errors.Is(err, snapshot.ErrCorrupt) && !errors.Is(err, dedup.ErrSnapshotParams):
 			// Fetched and checked, then the local store failed while
 			// loading it: a storage error stops the partition.
 			return 0, partial, false, err
+		case f == nil && !errors.Is(err, snapshot.ErrCorrupt):
+			// The store failed the download: the same snapshot again,
+			// after a wait, the partition waiting meanwhile, unless a
+			// replay would lose nothing (as candidates decides).
+			s.m.storeErrors.WithLabelValues("fetch").Inc()
+			if attempt+1 < snapshotQuickAttempts || !pw.replayLosesNothing(ctx, group, plan, local, until) {
+				w.log.Warn("cannot download a snapshot; asking again, the partition waits", "topic", pw.topic, "partition", pw.partition,
+					"snapshot", m.Key(), "attempt", attempt+1, "err", err)
+				if !retryWait(ctx, attempt) {
+					return 0, partial, true, nil
+				}
+				attempt++
+				continue
+			}
 		}
 		s.m.restoreFailed.Inc()
 		w.log.Warn("snapshot unusable; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition, "snapshot", m.Key(), "offset", m.Offset, "err", err)
+		i, attempt = i+1, 0
 	}
 	w.countRestore("replay")
 	if cp, ok := pw.dedup.Checkpoint(); ok && plan.hasLocal {
