@@ -82,6 +82,12 @@ type Options struct {
 	// SessionTimeout is the group session timeout (default 45s). With
 	// ExactlyOnce the transaction timeout is kept below it.
 	SessionTimeout time.Duration
+	// ShutdownTimeout is the longest a stop may take
+	// (KDEDUP_SHUTDOWN_TIMEOUT): a stop first finishes every partition's
+	// write batch and commits the group's offsets, then uploads the last
+	// snapshots within what is left of it (less the client's close
+	// wait), and within 30s. 0: the 30s alone.
+	ShutdownTimeout time.Duration
 	// MetadataMaxAge is the longest time between metadata refreshes
 	// (default 30s, kgo.MetadataMaxAge): partitions added to an input topic
 	// are assigned within about this long.

@@ -178,6 +178,12 @@ func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why strin
 	if pw.committed.Load() == pw.snapOffset.Load() {
 		return // uploaded meanwhile
 	}
+	if why == "interval" && s.w.partition(pw.topic, pw.partition) != pw {
+		// Revoked since the tick: its last state was uploaded at the
+		// revocation (or will be, by final), and an upload now would
+		// prune the new owner's newer snapshots by store time.
+		return
+	}
 	tp := store.TopicPartition{Topic: pw.topic, Partition: pw.partition}
 	start := time.Now()
 	m, err := s.st.Put(ctx, tp, func(header func(store.Image) error, page func(filter.PageID, []byte) error) (bool, error) {
@@ -214,25 +220,31 @@ func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why strin
 }
 
 // finalSnapshots uploads the last state of partitions released by a
-// revocation or a shutdown (snapshotter.final), with snapshots configured.
+// revocation or a shutdown (snapshotter.final), with snapshots configured,
+// within snapshotFinalBudget.
 func (w *Worker) finalSnapshots(stopped []*partitionWorker) {
+	w.finalSnapshotsWithin(stopped, snapshotFinalBudget)
+}
+
+// finalSnapshotsWithin is finalSnapshots within budget.
+func (w *Worker) finalSnapshotsWithin(stopped []*partitionWorker, budget time.Duration) {
 	if w.snaps != nil && len(stopped) > 0 {
-		w.snaps.final(stopped)
+		w.snaps.final(stopped, budget)
 	}
 }
 
 // final uploads the stopped partitions' last state (revocation or
-// shutdown), within snapshotFinalBudget in all, waiting for an interval's
-// upload in flight within it too.
-func (s *snapshotter) final(stopped []*partitionWorker) {
-	ctx, cancel := context.WithTimeout(context.Background(), snapshotFinalBudget)
+// shutdown), within budget in all, waiting for an interval's upload in
+// flight within it too.
+func (s *snapshotter) final(stopped []*partitionWorker, budget time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(budget, 0))
 	defer cancel()
 	for _, pw := range stopped {
 		if pw.failed.Load() || pw.owner() == ownerPlan {
 			continue // failed, or released before its start was planned: nothing changed
 		}
 		if ctx.Err() != nil || time.Now().UnixNano() < s.uploadDownUntil.Load() {
-			s.w.log.Warn("no time left, or the store failed within 30s: not snapshotting a released partition; its next owner restores an older snapshot and replays after it", "topic", pw.topic, "partition", pw.partition, "budget", snapshotFinalBudget)
+			s.w.log.Warn("no time left, or the store failed within 30s: not snapshotting a released partition; its next owner restores an older snapshot and replays after it", "topic", pw.topic, "partition", pw.partition, "budget", budget.Round(time.Millisecond))
 			continue
 		}
 		s.upload(ctx, pw, "released")

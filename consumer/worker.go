@@ -261,19 +261,27 @@ func (w *Worker) release() {
 }
 
 func (w *Worker) shutdown() error {
+	begun := time.Now()
 	w.live.stop("stopping partitions (finishing their write batches)")
 	w.mu.Lock()
 	w.closing = true
 	w.mu.Unlock()
 
 	// Finish every partition's write batch and commit the group offsets
-	// before leaving: leaving hands the partitions to other members.
+	// before leaving: leaving hands the partitions to other members. An
+	// interval's upload in flight is cancelled first but not waited for:
+	// on a slow store it held the write batches and the group commit
+	// past the shutdown timeout. The last snapshots come after the
+	// commit, within what is left of the timeout.
 	ctx, cancel := context.WithTimeout(context.Background(), w.opts.SessionTimeout)
 	defer cancel()
-	w.stopSnapshots() // an interval's upload in flight is abandoned; release uploads the last state
+	if w.stopSnaps != nil {
+		w.stopSnaps()
+	}
 	w.release()
 	w.mode.closing(ctx)
-	w.finalSnapshots(w.released) // after the group commit
+	w.stopSnapshots()
+	w.finalSnapshotsWithin(w.released, w.shutdownLeft(begun)) // after the group commit
 	w.released = nil
 	w.live.stamp("closing the Kafka client (leaving the group)")
 	w.closeClient()
@@ -288,6 +296,16 @@ func (w *Worker) shutdown() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.fatalErr
+}
+
+// shutdownLeft is how long the last snapshots of a stop that began at
+// begun may take: snapshotFinalBudget, within what Options.ShutdownTimeout
+// leaves after closeWait and a second's margin for the rest of the stop.
+func (w *Worker) shutdownLeft(begun time.Time) time.Duration {
+	if w.opts.ShutdownTimeout <= 0 {
+		return snapshotFinalBudget
+	}
+	return min(snapshotFinalBudget, w.opts.ShutdownTimeout-time.Since(begun)-closeWait-time.Second)
 }
 
 // stopSnapshots ends the snapshotter's loop and waits for it, once.

@@ -225,6 +225,7 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 		InstanceID:          cfg.InstanceID,
 		StartAtLatest:       cfg.StartOffset == config.StartLatest,
 		SessionTimeout:      cfg.SessionTimeout,
+		ShutdownTimeout:     cfg.ShutdownTimeout,
 		MetadataMaxAge:      cfg.MetadataMaxAge,
 		Delivery:            cfg.Delivery,
 		TransactionalID:     cfg.TransactionalID,
