@@ -18,13 +18,19 @@ import (
 const snapshotProbeTimeout = 10 * time.Second
 
 // openSnapshots opens the snapshot store of KDEDUP_SNAPSHOT_URL (nil when
-// unset). A URL no driver accepts stops start-up (ErrConfig, naming the
-// variable); a store that does not answer is logged at WARN and used
-// anyway: restores fall back to replays and uploads are retried, so an
-// object store outage never stops the worker.
+// unset). A URL that config's rule refuses or that no driver accepts stops
+// start-up (ErrConfig, naming the variable). The rule is asked again here,
+// though build has validated cfg, because it refuses a URL holding
+// credentials, and snapshot.Open's errors may quote the URL it is given. A
+// store that does not answer is logged at WARN and used anyway: restores
+// fall back to replays and uploads are retried, so an object store outage
+// never stops the worker.
 func openSnapshots(ctx context.Context, cfg config.Config, log *slog.Logger) (*snapshot.Store, error) {
 	if cfg.SnapshotURL == "" {
 		return nil, nil
+	}
+	if reason := config.SnapshotURLProblem(cfg.SnapshotURL); reason != "" {
+		return nil, fmt.Errorf("%w: KDEDUP_SNAPSHOT_URL=%s: %s", ErrConfig, config.RedactURL(cfg.SnapshotURL), reason)
 	}
 	st, err := snapshot.Open(ctx, cfg.SnapshotURL)
 	if err != nil {
