@@ -27,14 +27,16 @@ const Prefix = "KDEDUP_"
 // Config is kdedup's whole runtime configuration, one field per KDEDUP_*
 // variable. Each field's tags give its variable (env, without [Prefix]), its
 // default (envDefault) or that it is required, and its meaning (doc); see
-// [Config.Table]. Sizes of the filter apply per topic-partition: each
+// [Config.Table]. secret:"true" marks a value no problem ever prints, and
+// redact:"userinfo" one that may carry user:password@ as in a URL (pasted
+// by mistake: credentials belong elsewhere), printed through [RedactURL]. Sizes of the filter apply per topic-partition: each
 // partition owns its own chain of sub-filters.
 //
 // The zero Config is not valid; obtain one from [Load] or [LoadFrom], or
 // check a hand-built one with [Config.Validate].
 type Config struct {
 	// Kafka.
-	Brokers             []string          `env:"BROKERS,required" doc:"Kafka seed brokers, comma-separated host:port"`
+	Brokers             []string          `env:"BROKERS,required" redact:"userinfo" doc:"Kafka seed brokers, comma-separated host:port"`
 	InputTopics         []string          `env:"INPUT_TOPICS,required" doc:"Topics to deduplicate, comma-separated, without duplicates and without OUTPUT_TOPIC"`
 	OutputTopic         string            `env:"OUTPUT_TOPIC,required" doc:"Topic that receives the first record seen for each key"`
 	DuplicatesTopic     string            `env:"DUPLICATES_TOPIC" envDefault:"" doc:"Topic that receives every dropped record (duplicate or over MAX_OCCURRENCES) with headers kdedup-reason and kdedup-source, to audit false drops; not OUTPUT_TOPIC nor an input topic; empty disables it"`
@@ -86,7 +88,7 @@ type Config struct {
 	FlushBytes    ByteSize      `env:"FLUSH_BYTES" envDefault:"8MiB" doc:"Changed bytes that start a flush before FLUSH_INTERVAL ends, PAGE_BYTES to 128MiB, and at most what one Badger transaction holds (about 99MiB with 512B pages, 120MiB with 1KiB pages: one write batch is one transaction); dirty pages of all partitions are bounded together by MEMORY_BYTES, and Badger's memtables grow with this"`
 
 	// Snapshots in object storage.
-	SnapshotURL      string        `env:"SNAPSHOT_URL" envDefault:"" doc:"Object store for snapshots of each partition's state, from which a partition moved to a worker without its state restores, replaying only the input after the snapshot: s3://bucket/prefix?region=R (and &endpoint=URL&use_path_style=true for S3-compatible servers), gs://bucket/prefix, azblob://container/prefix, or file:///path (a shared volume); credentials come from the cloud SDK's usual sources (environment, files, pod identity), never from this URL; empty disables snapshots"`
+	SnapshotURL      string        `env:"SNAPSHOT_URL" envDefault:"" redact:"userinfo" doc:"Object store for snapshots of each partition's state, from which a partition moved to a worker without its state restores, replaying only the input after the snapshot: s3://bucket/prefix?region=R (and &endpoint=URL&use_path_style=true for S3-compatible servers), gs://bucket/prefix, azblob://container/prefix, or file:///path (a shared volume); credentials come from the cloud SDK's usual sources (environment, files, pod identity), never from this URL; empty disables snapshots"`
 	SnapshotInterval time.Duration `env:"SNAPSHOT_INTERVAL" envDefault:"2m" doc:"How often each partition's state is snapshotted while it changes, 1s to 24h; also when a partition is revoked and at shutdown"`
 	SnapshotKeep     int           `env:"SNAPSHOT_KEEP" envDefault:"3" doc:"Snapshots kept per partition, newest first, 1 to 1000; older ones are deleted after each upload"`
 
@@ -202,8 +204,8 @@ func LoadFrom(environ map[string]string) (Config, error) {
 			if unparsed[p.Var] {
 				continue
 			}
-			if raw := environ[p.Var]; raw != "" && !hidden(p.Var, fields) {
-				p.Value = raw
+			if raw := environ[p.Var]; raw != "" {
+				p.Value = shown(p.Var, raw, fields)
 			}
 			problems = append(problems, p)
 		}
@@ -225,10 +227,7 @@ func parseProblem(err error, fields []field, environ map[string]string) (Problem
 	case env.ParseError:
 		for _, f := range fields {
 			if f.name == e.Name {
-				v := environ[f.envVar]
-				if hidden(f.envVar, fields) {
-					v = hiddenValue
-				}
+				v := shown(f.envVar, environ[f.envVar], fields)
 				return Problem{Var: f.envVar, Value: v, Reason: parseReason(e.Type, e.Err)}, true
 			}
 		}
@@ -238,16 +237,23 @@ func parseProblem(err error, fields []field, environ map[string]string) (Problem
 	return Problem{}, false
 }
 
-// hidden reports whether the value of variable name must not be printed: a
-// secret given in the variable itself (a secret read from a file shows the
-// file's path instead).
-func hidden(name string, fields []field) bool {
+// shown is raw, the value of variable name as written, as a problem may
+// print it: hiddenValue for a secret given in the variable itself (a secret
+// read from a file shows the file's path instead), without user info for a
+// value that may carry some (redact:"userinfo").
+func shown(name, raw string, fields []field) string {
 	for _, f := range fields {
-		if f.envVar == name {
-			return f.secret && !f.file
+		if f.envVar != name {
+			continue
+		}
+		switch {
+		case f.secret && !f.file && raw != "":
+			return hiddenValue
+		case f.redactUserinfo:
+			return RedactURL(raw)
 		}
 	}
-	return false
+	return raw
 }
 
 func parseReason(t reflect.Type, err error) string {
@@ -299,10 +305,11 @@ func choiceReasonOf(t reflect.Type) string {
 // formatted from c.
 func (c Config) Validate() error {
 	fields := describeFields()
-	v := validator{vars: map[string]string{}, secrets: map[string]bool{}}
+	v := validator{vars: map[string]string{}, secrets: map[string]bool{}, redacted: map[string]bool{}}
 	for _, f := range fields {
 		v.vars[f.name] = f.envVar
 		v.secrets[f.name] = f.secret
+		v.redacted[f.name] = f.redactUserinfo
 	}
 
 	// Kafka.
@@ -475,12 +482,8 @@ func (c Config) Validate() error {
 
 	// Snapshots.
 	if c.SnapshotURL != "" {
-		if u, err := url.Parse(c.SnapshotURL); err != nil {
-			v.add("SnapshotURL", c.SnapshotURL, "must be a URL: "+err.Error())
-		} else if !slices.Contains([]string{"s3", "gs", "azblob", "file"}, u.Scheme) {
-			v.add("SnapshotURL", c.SnapshotURL, "must start with s3://, gs://, azblob:// or file://")
-		} else if u.User != nil {
-			v.add("SnapshotURL", u.Redacted(), "must not hold credentials: the store's SDK reads them from its usual sources (environment, files, pod identity)")
+		if reason := SnapshotURLProblem(c.SnapshotURL); reason != "" {
+			v.add("SnapshotURL", c.SnapshotURL, reason)
 		}
 	}
 	if c.SnapshotInterval < time.Second || c.SnapshotInterval > 24*time.Hour {
@@ -523,6 +526,7 @@ func (c Config) Validate() error {
 type validator struct {
 	vars     map[string]string // Config field name to variable name
 	secrets  map[string]bool   // Config field names whose values are never printed
+	redacted map[string]bool   // Config field names whose values are printed through RedactURL
 	problems []Problem
 }
 
@@ -537,28 +541,76 @@ func (v *validator) add(fieldName string, value any, reason string) {
 	default:
 		s = fmt.Sprint(x)
 	}
-	if v.secrets[fieldName] && s != "" {
+	switch {
+	case v.secrets[fieldName] && s != "":
 		s = hiddenValue
+	case v.redacted[fieldName]:
+		s = RedactURL(s)
 	}
 	v.problems = append(v.problems, Problem{Var: v.vars[fieldName], Value: s, Reason: reason})
 }
 
+// brokerProblem is why b cannot be a seed broker, or "". It quotes b
+// through RedactURL: a broker pasted as sasl://user:password@host:9092
+// must not print its password.
 func brokerProblem(b string) string {
 	host, port, err := net.SplitHostPort(b)
+	q := strconv.Quote(RedactURL(b))
 	switch {
 	case b == "":
 		return "empty broker in list"
+	case strings.ContainsAny(b, "/@"):
+		return fmt.Sprintf("broker %s must be host:port, without a scheme or user name (credentials go in KDEDUP_SASL_USERNAME and KDEDUP_SASL_PASSWORD)", q)
 	case err != nil:
-		return fmt.Sprintf("broker %q must be host:port", b)
+		return fmt.Sprintf("broker %s must be host:port", q)
 	case host == "":
-		return fmt.Sprintf("broker %q has no host", b)
+		return fmt.Sprintf("broker %s has no host", q)
 	case strings.ContainsFunc(host, isSpace):
-		return fmt.Sprintf("broker %q contains whitespace", b)
+		return fmt.Sprintf("broker %s contains whitespace", q)
 	}
 	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-		return fmt.Sprintf("broker %q must have a port from 1 to 65535", b)
+		return fmt.Sprintf("broker %s must have a port from 1 to 65535", q)
 	}
 	return ""
+}
+
+// snapshotSchemes are the schemes of the object stores the snapshot
+// package opens (snapshot.Open).
+var snapshotSchemes = []string{"s3", "gs", "azblob", "file"}
+
+// SnapshotURLProblem is why rawURL cannot be a KDEDUP_SNAPSHOT_URL, or ""
+// when it can: it must parse, use one of the stores' schemes followed by
+// "//", and hold no credentials, neither as user info nor in a URL in its
+// query (endpoint=https://user:password@host). The reason never quotes
+// rawURL or any part of it; print rawURL through [RedactURL]. Safe for
+// concurrent use.
+func SnapshotURLProblem(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	switch {
+	case err != nil:
+		return "must be a URL: it " + urlParseReason(err)
+	case !slices.Contains(snapshotSchemes, u.Scheme) || u.Opaque != "":
+		return "must start with s3://, gs://, azblob:// or file://"
+	case holdsCredentials(u):
+		return "must not hold credentials: the store's SDK reads them from its usual sources (environment, files, pod identity)"
+	}
+	return ""
+}
+
+// holdsCredentials reports whether u has user info, or a query value that
+// is a URL with user info.
+func holdsCredentials(u *url.URL) bool {
+	if u.User != nil {
+		return true
+	}
+	for _, vs := range u.Query() {
+		for _, v := range vs {
+			if q, err := url.Parse(v); err == nil && q.User != nil {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // topicProblem applies Kafka's rules for topic names
@@ -775,7 +827,9 @@ type field struct {
 	required bool
 	secret   bool // never printed in problems
 	file     bool // the variable names a file whose content is the value
-	doc      string
+	// redactUserinfo: printed in problems through RedactURL.
+	redactUserinfo bool
+	doc            string
 }
 
 func describeFields() []field {
@@ -787,13 +841,14 @@ func describeFields() []field {
 			continue
 		}
 		fields = append(fields, field{
-			name:     sf.Name,
-			envVar:   Prefix + key,
-			def:      sf.Tag.Get("envDefault"),
-			required: slices.Contains(strings.Split(opts, ","), "required"),
-			secret:   sf.Tag.Get("secret") == "true",
-			file:     slices.Contains(strings.Split(opts, ","), "file"),
-			doc:      sf.Tag.Get("doc"),
+			name:           sf.Name,
+			envVar:         Prefix + key,
+			def:            sf.Tag.Get("envDefault"),
+			required:       slices.Contains(strings.Split(opts, ","), "required"),
+			secret:         sf.Tag.Get("secret") == "true",
+			file:           slices.Contains(strings.Split(opts, ","), "file"),
+			redactUserinfo: sf.Tag.Get("redact") == "userinfo",
+			doc:            sf.Tag.Get("doc"),
 		})
 	}
 	return fields

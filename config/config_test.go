@@ -287,7 +287,6 @@ func TestLoadRejects(t *testing.T) {
 		{"flush interval low", "KDEDUP_FLUSH_INTERVAL", "9ms"},
 		{"flush interval high", "KDEDUP_FLUSH_INTERVAL", "61m"},
 		{"snapshot scheme", "KDEDUP_SNAPSHOT_URL", "http://bucket/prefix"},
-		{"snapshot credentials", "KDEDUP_SNAPSHOT_URL", "s3://key:secret@bucket/prefix"},
 		{"snapshot interval low", "KDEDUP_SNAPSHOT_INTERVAL", "999ms"},
 		{"snapshot interval high", "KDEDUP_SNAPSHOT_INTERVAL", "25h"},
 		{"snapshot keep 0", "KDEDUP_SNAPSHOT_KEEP", "0"},
@@ -690,6 +689,111 @@ func TestSASLSecrets(t *testing.T) {
 	c.SASLPassword = "hunter2"
 	if err := c.Validate(); err == nil || strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("Validate: %v", err)
+	}
+}
+
+// TestCredentialsNeverShown: a URL-like value that carries a password,
+// whether it parses or not, is reported naming its variable with the
+// password (and, where the URL does not say where its user info ends,
+// everything from its authority to its last '@') replaced by xxxxx; the
+// reason never quotes the value either (url.Parse's messages do, and an
+// "invalid port" is then part of the password). Validate on a hand-built
+// Config, as internal/app calls it, shows the same.
+func TestCredentialsNeverShown(t *testing.T) {
+	const pass = "s3cr3tpass"
+	const (
+		mustBeURL   = "must be a URL: it "
+		scheme      = "must start with s3://, gs://, azblob:// or file://"
+		credentials = "must not hold credentials: the store's SDK reads them from its usual sources (environment, files, pod identity)"
+	)
+	for _, tc := range []struct {
+		name, env, value string
+		wantValue        string
+		wantReason       string
+	}{
+		{"wrong scheme", "KDEDUP_SNAPSHOT_URL", "https://AKIAIOSFODNN7EXAMPLE:" + pass + "@s3.eu-west-1.amazonaws.com/bucket",
+			"https://AKIAIOSFODNN7EXAMPLE:xxxxx@s3.eu-west-1.amazonaws.com/bucket", scheme},
+		{"bad escape in the path", "KDEDUP_SNAPSHOT_URL", "s3://AKIAIOSFODNN7EXAMPLE:" + pass + "@bucket/%zz",
+			"s3://xxxxx@bucket/%zz", mustBeURL + "has a '%' not followed by two hexadecimal digits (write a literal '%' as %25)"},
+		{"bad escape in the password", "KDEDUP_SNAPSHOT_URL", "s3://AKIA:s3cr3t%zzpass@bucket/prefix",
+			"s3://xxxxx@bucket/prefix", mustBeURL + "has a '%' not followed by two hexadecimal digits (write a literal '%' as %25)"},
+		{"slash in the password", "KDEDUP_SNAPSHOT_URL", "s3://AKIA:s3cr3t/pass@bucket/prefix",
+			"s3://xxxxx@bucket/prefix", mustBeURL + "has a host followed by ':' and something other than a port number"},
+		{"space in the password", "KDEDUP_SNAPSHOT_URL", "s3://AKIA:s3cr3t pass@bucket/prefix",
+			"s3://xxxxx@bucket/prefix", mustBeURL + "has characters before '@' that a user name or password may not hold unescaped"},
+		{"newline in the password", "KDEDUP_SNAPSHOT_URL", "s3://AKIA:s3cr3t\npass@bucket/prefix",
+			"s3://xxxxx@bucket/prefix", mustBeURL + "holds a control character, such as a newline"},
+		{"no scheme", "KDEDUP_SNAPSHOT_URL", "//AKIA:" + pass + "@bucket/prefix",
+			"//AKIA:xxxxx@bucket/prefix", scheme},
+		{"leading space", "KDEDUP_SNAPSHOT_URL", " s3://AKIA:" + pass + "@bucket/prefix",
+			" s3://xxxxx@bucket/prefix", mustBeURL + "has a ':' before its first '/' but no valid scheme before it"},
+		{"without //", "KDEDUP_SNAPSHOT_URL", "s3:AKIA:" + pass + "@bucket/prefix",
+			"s3:xxxxx@bucket/prefix", scheme},
+		{"user and password", "KDEDUP_SNAPSHOT_URL", "s3://AKIA:" + pass + "@bucket/prefix?region=eu-west-1",
+			"s3://AKIA:xxxxx@bucket/prefix?region=eu-west-1", credentials},
+		{"token as user name", "KDEDUP_SNAPSHOT_URL", "gs://" + pass + "@bucket/prefix",
+			"gs://xxxxx@bucket/prefix", credentials},
+		{"credentials in the endpoint", "KDEDUP_SNAPSHOT_URL", "s3://bucket/prefix?region=eu-west-1&endpoint=http://minio:" + pass + "@minio:9000&use_path_style=true",
+			"s3://xxxxx@minio:9000&use_path_style=true", credentials},
+		{"broker with scheme and credentials", "KDEDUP_BROKERS", "kafka-1:9092,sasl://kdedup:" + pass + "@kafka-2:9092",
+			"kafka-1:9092,sasl://xxxxx@kafka-2:9092", `broker "sasl://kdedup:xxxxx@kafka-2:9092" must be host:port, without a scheme or user name (credentials go in KDEDUP_SASL_USERNAME and KDEDUP_SASL_PASSWORD)`},
+		{"broker with credentials", "KDEDUP_BROKERS", "kdedup:" + pass + "@kafka-1:9092",
+			"kdedup:xxxxx@kafka-1:9092", `broker "kdedup:xxxxx@kafka-1:9092" must be host:port, without a scheme or user name (credentials go in KDEDUP_SASL_USERNAME and KDEDUP_SASL_PASSWORD)`},
+		{"misspelt variable", "KDEDUP_SNAPSHOT_URI", "s3://AKIA:" + pass + "@bucket/prefix",
+			"s3://AKIA:xxxxx@bucket/prefix", "unknown variable: kdedup reads no such setting (did you mean KDEDUP_SNAPSHOT_URL?)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadFrom(with(tc.env, tc.value))
+			ps := problemsOf(t, err)
+			want := Problem{Var: tc.env, Value: tc.wantValue, Reason: tc.wantReason}
+			if len(ps) != 1 || ps[0] != want {
+				t.Errorf("LoadFrom: problems %q, want %q", ps, want)
+			}
+			if strings.Contains(err.Error(), "s3cr3t") {
+				t.Errorf("LoadFrom: the error shows the password: %v", err)
+			}
+
+			c, err := LoadFrom(required())
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch tc.env {
+			case "KDEDUP_SNAPSHOT_URL":
+				c.SnapshotURL = tc.value
+			case "KDEDUP_BROKERS":
+				c.Brokers = strings.Split(tc.value, ",")
+			default:
+				return // not a field
+			}
+			err = c.Validate()
+			if ps := problemsOf(t, err); len(ps) != 1 || ps[0] != want {
+				t.Errorf("Validate: problems %q, want %q", ps, want)
+			}
+			if strings.Contains(err.Error(), "s3cr3t") {
+				t.Errorf("Validate: the error shows the password: %v", err)
+			}
+		})
+	}
+}
+
+// TestRedactURL: a value without '@' is printed as given; one that parses
+// with one user info part loses its password (url.URL.Redacted) or a lone
+// user name.
+func TestRedactURL(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"s3://bucket/prefix?region=eu-west-1&endpoint=http://127.0.0.1:9000", "s3://bucket/prefix?region=eu-west-1&endpoint=http://127.0.0.1:9000"},
+		{"file:///snapshots", "file:///snapshots"},
+		{"kafka-1:9092,kafka-2:9092", "kafka-1:9092,kafka-2:9092"},
+		{"s3://key:secret@bucket/prefix", "s3://key:xxxxx@bucket/prefix"},
+		{"s3://token@bucket/prefix", "s3://xxxxx@bucket/prefix"},
+		{"s3://key:secret@bucket/a@b", "s3://xxxxx@b"}, // which '@' ends the user info is not said
+		{"key:secret@bucket", "key:xxxxx@bucket"},
+		{"secret@bucket", "xxxxx@bucket"},
+	} {
+		if got := RedactURL(tc.in); got != tc.want {
+			t.Errorf("RedactURL(%q) = %q, want %q", tc.in, got, tc.want)
+		}
 	}
 }
 

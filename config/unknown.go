@@ -24,7 +24,9 @@ func unknownProblems(environ map[string]string, fields []field) []Problem {
 			continue
 		}
 		closest := closestName(name, fields)
-		shown := value
+		// An unknown value may be anything: a URL's user info is never
+		// printed either.
+		shown := RedactURL(value)
 		if closest.secret || secretLooking(name) {
 			shown = hiddenValue
 		}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -339,6 +340,8 @@ func TestSnapshotScaleOut(t *testing.T) {
 // damaged files aside into a damaged-* subdirectory, keeping them, starts
 // without local state and restores its partitions from their snapshots;
 // the output of the whole stream is exactly the model's.
+// kdedup_damaged_state_bytes is what the damaged-* directory takes on
+// disk, after the move and at the next start.
 func TestSnapshotReplacesDamagedState(t *testing.T) {
 	p := newPipeline(t, 2)
 	p.withSnapshots(t)
@@ -371,5 +374,39 @@ func TestSnapshotReplacesDamagedState(t *testing.T) {
 	if err != nil || len(kept) != 1 {
 		t.Fatalf("the damaged table was not kept in a damaged-* directory: %v, %v", kept, err)
 	}
+	damaged := filepath.Dir(kept[0])
+	if got, want := w.metric(t, "kdedup_damaged_state_bytes"), duBytes(t, damaged); got != want || want == 0 {
+		t.Errorf("after the move kdedup_damaged_state_bytes = %v, want %v, what %s takes on disk", got, want, damaged)
+	}
 	w.stop(t)
+	// A start on the repaired state keeps the damaged directory and
+	// measures it.
+	w = p.startWorker(t, dir)
+	w.waitReplayed(t)
+	if got, want := w.metric(t, "kdedup_damaged_state_bytes"), duBytes(t, damaged); got != want || want == 0 {
+		t.Errorf("at the next start kdedup_damaged_state_bytes = %v, want %v, what %s takes on disk", got, want, damaged)
+	}
+	w.stop(t)
+}
+
+// duBytes sums the allocated blocks (st_blocks*512) of dir and everything
+// under it, as du does.
+func duBytes(t *testing.T, dir string) float64 {
+	t.Helper()
+	var n int64
+	err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil {
+			return err
+		}
+		n += st.Blocks * 512
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return float64(n)
 }

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/filter"
 	"github.com/kdedup/kdedup/snapshot"
 )
@@ -55,8 +56,13 @@ type snapshotReport struct {
 }
 
 // inspectSnapshots lists (and with verify, checks) the snapshots of the
-// store at rawURL selected by sel.
+// store at rawURL selected by sel. rawURL passes the worker's rule for
+// KDEDUP_SNAPSHOT_URL first, so that no error prints credentials it holds
+// (it is printed through config.RedactURL, never as given).
 func inspectSnapshots(rawURL, group string, sel stateFlags, verify, asJSON bool, stdout io.Writer) error {
+	if reason := config.SnapshotURLProblem(rawURL); reason != "" {
+		return fmt.Errorf("%w: -snapshots %s: %s", errUsage, config.RedactURL(rawURL), reason)
+	}
 	ctx := context.Background()
 	root, err := snapshot.Open(ctx, rawURL)
 	if err != nil {

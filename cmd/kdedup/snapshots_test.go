@@ -104,3 +104,30 @@ func TestInspectSnapshots(t *testing.T) {
 		t.Fatalf("text listing of orders/1: %v\n%s", err, text)
 	}
 }
+
+// TestInspectSnapshotsHidesCredentials: a -snapshots URL holding a password
+// that the worker would refuse is refused before the store is opened, as a
+// usage error that names the URL without its password (neither
+// snapshot.Open's parse error nor gocloud's "no driver registered" quotes
+// it).
+func TestInspectSnapshotsHidesCredentials(t *testing.T) {
+	dir := filepath.ToSlash(t.TempDir())
+	for _, tc := range []struct {
+		url, wantShown, wantReason string
+	}{
+		{"https://AKIAIOSFODNN7EXAMPLE:s3cr3tpass@s3.eu-west-1.amazonaws.com/bucket", "https://AKIAIOSFODNN7EXAMPLE:xxxxx@s3.eu-west-1.amazonaws.com/bucket",
+			"must start with s3://, gs://, azblob:// or file://"},
+		{"s3://AKIAIOSFODNN7EXAMPLE:s3cr3tpass@bucket/%zz", "s3://xxxxx@bucket/%zz",
+			"must be a URL: it has a '%' not followed by two hexadecimal digits (write a literal '%' as %25)"},
+		{"file://kdedup:s3cr3tpass@" + dir, "file://kdedup:xxxxx@" + dir,
+			"must not hold credentials: the store's SDK reads them from its usual sources (environment, files, pod identity)"},
+	} {
+		t.Run(tc.url, func(t *testing.T) {
+			_, err := run(t, "inspect", "-snapshots", tc.url)
+			want := "usage: -snapshots " + tc.wantShown + ": " + tc.wantReason
+			if !errors.Is(err, errUsage) || err.Error() != want {
+				t.Errorf("error %v, want %q (errUsage)", err, want)
+			}
+		})
+	}
+}

@@ -178,14 +178,16 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 		Logger:     log,
 		Registerer: reg,
 	}
+	dmg := newDamaged(cfg.DataDir, reg, log)
+	dmg.measure()
 	db, err := store.Open(sopts)
 	if errors.Is(err, store.ErrCorrupt) && !errors.Is(err, store.ErrLayoutVersion) && snaps != nil {
 		// With snapshots the damaged state need not stop the worker: it
 		// is kept, moved aside, and the partitions restore.
-		if aside, merr := moveAside(cfg.DataDir); merr != nil {
+		if aside, merr := dmg.moveAside(); merr != nil {
 			log.Error("cannot move the corrupt state aside", "dir", cfg.DataDir, "err", merr)
 		} else {
-			log.Error("the state in KDEDUP_DATA_DIR is corrupt: moved aside (kept for inspection; delete it to free its space), starting without local state; the partitions restore from snapshots (KDEDUP_SNAPSHOT_URL)",
+			log.Error("the state in KDEDUP_DATA_DIR is corrupt: moved aside (kept for inspection until the next corrupt state replaces it; delete it to free its space), starting without local state; the partitions restore from snapshots (KDEDUP_SNAPSHOT_URL)",
 				"dir", cfg.DataDir, "moved_to", aside, "err", err)
 			db, err = store.Open(sopts)
 		}

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/kdedup/kdedup/config"
@@ -18,13 +15,19 @@ import (
 const snapshotProbeTimeout = 10 * time.Second
 
 // openSnapshots opens the snapshot store of KDEDUP_SNAPSHOT_URL (nil when
-// unset). A URL no driver accepts stops start-up (ErrConfig, naming the
-// variable); a store that does not answer is logged at WARN and used
-// anyway: restores fall back to replays and uploads are retried, so an
-// object store outage never stops the worker.
+// unset). A URL that config's rule refuses or that no driver accepts stops
+// start-up (ErrConfig, naming the variable). The rule is asked again here,
+// though build has validated cfg, because it refuses a URL holding
+// credentials, and snapshot.Open's errors may quote the URL it is given. A
+// store that does not answer is logged at WARN and used anyway: restores
+// fall back to replays and uploads are retried, so an object store outage
+// never stops the worker.
 func openSnapshots(ctx context.Context, cfg config.Config, log *slog.Logger) (*snapshot.Store, error) {
 	if cfg.SnapshotURL == "" {
 		return nil, nil
+	}
+	if reason := config.SnapshotURLProblem(cfg.SnapshotURL); reason != "" {
+		return nil, fmt.Errorf("%w: KDEDUP_SNAPSHOT_URL=%s: %s", ErrConfig, config.RedactURL(cfg.SnapshotURL), reason)
 	}
 	st, err := snapshot.Open(ctx, cfg.SnapshotURL)
 	if err != nil {
@@ -48,33 +51,4 @@ func closeSnapshots(st *snapshot.Store, log *slog.Logger) {
 	if err := st.Close(); err != nil {
 		log.Warn("closing the snapshot store", "err", err)
 	}
-}
-
-// damagedPrefix names the directories moveAside creates in the data
-// directory.
-const damagedPrefix = "damaged-"
-
-// moveAside moves every entry of dir (a data directory whose state is
-// corrupt) into a new subdirectory of it, damaged-<UTC time>, which it
-// returns: the state is kept for inspection, never deleted, and dir can
-// be a mount point (which cannot itself be renamed). Earlier damaged-*
-// directories stay where they are.
-func moveAside(dir string) (string, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return "", err
-	}
-	aside := filepath.Join(dir, damagedPrefix+time.Now().UTC().Format("20060102T150405.000Z"))
-	if err := os.Mkdir(aside, 0o755); err != nil {
-		return "", err
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), damagedPrefix) || e.Name() == "lost+found" {
-			continue // earlier damage; a filesystem's own directory at a volume's root
-		}
-		if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(aside, e.Name())); err != nil {
-			return "", err
-		}
-	}
-	return aside, nil
 }
