@@ -138,7 +138,7 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 	if img.PageBytes != p.db.opts.PageBytes {
 		return fmt.Errorf("store: importing %s: image of %d-byte pages into a store of %d-byte pages: %w", p.tp, img.PageBytes, p.db.opts.PageBytes, ErrCorrupt)
 	}
-	if err := p.db.checkFreeSpace(); err != nil {
+	if err := p.db.checkFreeSpaceBut(p.reservation.Bytes()); err != nil {
 		return fmt.Errorf("store: importing %s: %w", p.tp, err)
 	}
 	if err := p.db.bdb.Update(func(txn *badger.Txn) error {
@@ -184,7 +184,17 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 	}
 	var warmed []warm
 	warmMax := p.db.cachePages() / 2
+	imported := 0
 	err := pages(func(id filter.PageID, data []byte) error {
+		// The free space again every so often: the image may be
+		// larger than its reservation said, or something else fills
+		// the volume meanwhile; stopping here keeps Badger's writes
+		// off a full volume (a SIGBUS).
+		if imported++; imported%importSpaceCheckPages == 0 {
+			if err := p.db.checkFreeSpaceBut(p.reservation.Bytes()); err != nil {
+				return err
+			}
+		}
 		if len(data) != pb {
 			return fmt.Errorf("%s is %d bytes, want %d: %w", fmtPageID(id), len(data), pb, ErrCorrupt)
 		}

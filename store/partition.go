@@ -71,6 +71,9 @@ type PartitionState struct {
 	hasCP   bool
 	origin  Origin
 	closed  bool
+	// reservation is the free space reserved for p's restore
+	// (ReserveSpace), counted as p's own by Import's checks.
+	reservation *Reservation
 	// consolidated: ConsolidateStep found no live delta and no write batch
 	// has written one since.
 	consolidated bool
@@ -715,6 +718,7 @@ func (p *PartitionState) Close() {
 	}
 	p.Discard()
 	p.SetStagedPages(0)
+	p.reservation.Release()
 	p.closed = true
 	p.db.release(p.tp)
 }

@@ -57,9 +57,16 @@ func (db *DB) checkSpace(free uint64, need int64) error {
 		ErrDiskFull, db.where, free, need, db.batchSize, numMemtables, db.memTable, need-db.writeReserve())
 }
 
-// checkFreeSpace compares the free space with what a Commit needs now;
-// an in-memory or read-only DB writes nothing to disk and always passes.
+// checkFreeSpace compares the free space, less what restores have
+// reserved (ReserveSpace), with what a Commit needs now; an in-memory or
+// read-only DB writes nothing to disk and always passes.
 func (db *DB) checkFreeSpace() error {
+	return db.checkFreeSpaceBut(0)
+}
+
+// checkFreeSpaceBut is checkFreeSpace for a writer that holds own of the
+// reserved bytes (an Import inside its restore's reservation).
+func (db *DB) checkFreeSpaceBut(own int64) error {
 	if db.opts.InMemory || db.opts.ReadOnly {
 		return nil
 	}
@@ -67,7 +74,68 @@ func (db *DB) checkFreeSpace() error {
 	if err != nil {
 		return fmt.Errorf("store: checking the free space of %s: %w", db.where, err)
 	}
-	return db.checkSpace(free, db.requiredFreeBytes())
+	db.space.Lock()
+	others := max(0, db.space.reserved-own)
+	db.space.Unlock()
+	return db.checkSpace(uint64(max(0, int64(free)-others)), db.requiredFreeBytes())
+}
+
+// ReserveSpace reserves bytes of the data directory's free space for one
+// restore (its download and the state it imports: snapshot.Manifest's
+// RestoreBytes), so that restores running at once cannot all pass a
+// check of the same free space and then fill the volume together (a full
+// volume is a SIGBUS under Badger's memory maps; see the package doc). It
+// returns ErrDiskFull (wrapped, with the figures) when the free space less
+// the reservations held and what a Commit needs now is below bytes; else a
+// Reservation to Release once the restore's state is committed or
+// abandoned. Write batches of other partitions see reserved bytes as
+// taken. An in-memory or read-only DB reserves nothing. Safe for
+// concurrent use.
+func (db *DB) ReserveSpace(bytes int64) (*Reservation, error) {
+	r := &Reservation{db: db}
+	if db.opts.InMemory || db.opts.ReadOnly || bytes <= 0 {
+		return r, nil
+	}
+	free, err := db.tuning.freeBytes(db.opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("store: checking the free space of %s: %w", db.where, err)
+	}
+	db.space.Lock()
+	defer db.space.Unlock()
+	required := db.requiredFreeBytes()
+	if avail := int64(free) - db.space.reserved - required; avail < bytes {
+		return nil, fmt.Errorf("%w: data directory %s has %d bytes free, %d of them reserved by other restores and %d needed by write batches: %d left, %d needed by this restore",
+			ErrDiskFull, db.where, free, db.space.reserved, required, max(0, avail), bytes)
+	}
+	db.space.reserved += bytes
+	r.bytes = bytes
+	return r, nil
+}
+
+// Reservation is free space ReserveSpace reserved. Not safe for
+// concurrent use.
+type Reservation struct {
+	db    *DB
+	bytes int64
+}
+
+// Bytes is the space reserved (0 after Release).
+func (r *Reservation) Bytes() int64 {
+	if r == nil {
+		return 0
+	}
+	return r.bytes
+}
+
+// Release returns the reserved space; later calls do nothing.
+func (r *Reservation) Release() {
+	if r == nil || r.bytes == 0 {
+		return
+	}
+	r.db.space.Lock()
+	r.db.space.reserved -= r.bytes
+	r.db.space.Unlock()
+	r.bytes = 0
 }
 
 // freeBytesAt returns the free space of the filesystem that holds dir, or
@@ -80,3 +148,21 @@ func freeBytesAt(dir string, statfs func(string) (uint64, error)) (uint64, error
 		}
 	}
 }
+
+// ReserveSpace reserves bytes of free space for a restore of p
+// (DB.ReserveSpace) and holds the reservation for p's Import, whose
+// checks then count it as p's own, until Release. A reservation held
+// already is released first.
+func (p *PartitionState) ReserveSpace(bytes int64) (*Reservation, error) {
+	p.reservation.Release()
+	r, err := p.db.ReserveSpace(bytes)
+	if err != nil {
+		return nil, fmt.Errorf("store: reserving space to restore %s: %w", p.tp, err)
+	}
+	p.reservation = r
+	return r, nil
+}
+
+// importSpaceCheckPages is how often an Import checks the free space
+// again: every so many pages written.
+const importSpaceCheckPages = 1024

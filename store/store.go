@@ -302,6 +302,12 @@ type DB struct {
 	open   map[TopicPartition]struct{}
 	closed atomic.Bool
 
+	// space holds the free space reserved for restores (ReserveSpace).
+	space struct {
+		sync.Mutex
+		reserved int64
+	}
+
 	stopGC chan struct{}
 	gcDone sync.WaitGroup
 }
