@@ -129,3 +129,11 @@ func (p *Deduplicator) Clear() error {
 	}
 	return nil
 }
+
+// ReserveSpace reserves bytes of the data volume's free space for a
+// restore of p (store.PartitionState.ReserveSpace): store.ErrDiskFull
+// (wrapped) when they are not free beside other restores' reservations.
+// Release the reservation once the restore is committed or abandoned.
+func (p *Deduplicator) ReserveSpace(bytes int64) (*store.Reservation, error) {
+	return p.state.ReserveSpace(bytes)
+}
