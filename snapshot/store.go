@@ -66,10 +66,18 @@ type Store struct {
 // (AZURE_STORAGE_ACCOUNT and the Azure SDK's credential chain), or
 // file:///path for a directory (a shared volume; created if absent). The URL's path below the bucket is
 // the key prefix. Query parameters are those of gocloud.dev's drivers.
+//
+// Neither the store's String nor any error Open returns holds the URL's
+// password (url.URL.Redacted), should the URL carry user:password@.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: parsing the store URL: %w", err)
+		// url.Error quotes the whole URL; its cause names only the bad part.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		return nil, fmt.Errorf("snapshot: parsing the store URL %s: %w", redactRawURL(rawURL), redacted(err, rawURL, nil))
 	}
 	where := u.Scheme + "://" + u.Host + u.Path
 	prefix := ""
@@ -85,7 +93,8 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	}
 	b, err := blob.OpenBucket(ctx, u.String())
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: opening %s: %w", where, err)
+		// gocloud quotes the URL it was given, password included.
+		return nil, fmt.Errorf("snapshot: opening %s: %w", where, redacted(err, rawURL, u))
 	}
 	if prefix != "" {
 		b = blob.PrefixedBucket(b, prefix+"/")
