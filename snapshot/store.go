@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"path"
@@ -155,6 +156,25 @@ func (m Manifest) Key() string { return m.key }
 // StateBytes is the pages' size before compression.
 func (m Manifest) StateBytes() int64 { return m.Pages * int64(m.PageBytes) }
 
+// RestoreBytes is the disk space, in bytes, that restoring m takes at
+// most on the data directory's filesystem: the downloaded object (Fetch
+// writes at most Bytes+1 bytes and keeps Bytes until Fetched.Close) and
+// the imported pages (StateBytes: the decoder refuses more pages, or
+// pages of another size, than the manifest's) held at once. It does not
+// count the store's own overhead (Badger's logs and the free space it
+// keeps; store.DB owns those). A manifest whose sizes are negative or
+// overflow gives math.MaxInt64: no reservation fits it, and Fetch or Load
+// would refuse it anyway.
+func (m Manifest) RestoreBytes() int64 {
+	if m.Bytes < 0 || m.Pages < 0 || m.PageBytes < 0 {
+		return math.MaxInt64
+	}
+	if m.PageBytes > 0 && m.Pages > (math.MaxInt64-m.Bytes)/int64(m.PageBytes) {
+		return math.MaxInt64
+	}
+	return m.Bytes + m.StateBytes()
+}
+
 func dir(tp store.TopicPartition) string {
 	return tp.Topic + "/" + strconv.Itoa(int(tp.Partition)) + "/"
 }
@@ -187,7 +207,7 @@ func (s *Store) Put(ctx context.Context, tp store.TopicPartition, src Source) (M
 			return err
 		}
 		h = sha256.New()
-		n = &countingWriter{w: io.MultiWriter(w, h)}
+		n = &countingWriter{w: io.MultiWriter(ctxWriter{ctx, w}, h)}
 		if enc, err = newEncoder(n); err != nil {
 			return err
 		}
@@ -309,7 +329,7 @@ func (s *Store) Load(ctx context.Context, m Manifest, into func(img store.Image,
 		return fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
 	}
 	defer r.Close()
-	d, err := newDecoder(r, m)
+	d, err := newDecoder(ctxReader{ctx, r}, m)
 	if err != nil {
 		return err
 	}
@@ -332,10 +352,12 @@ const fetchPrefix = "snapshot-download-"
 // Fetch downloads the snapshot m names into a new file in dir (the data
 // directory's filesystem, sized for the state, not a small /tmp) and
 // checks its size and SHA-256 against the manifest (RemoveStaleFetches
-// deletes the files of a process killed in the middle of one). It
-// returns ErrCorrupt (wrapped) for
-// an object that is missing or not the manifest's, and the store's error
-// when it cannot be read; either way nothing is left in dir.
+// deletes the files of a process killed in the middle of one). It writes
+// at most m.Bytes+1 bytes to dir, however long the object. It returns
+// ErrCorrupt (wrapped) for an object that is missing or not the
+// manifest's, ctx's error (wrapped) once ctx is done, within one buffer
+// even from a directory store, and the store's error when it cannot be
+// read; whatever the error, nothing is left in dir.
 func (s *Store) Fetch(ctx context.Context, m Manifest, dir string) (*Fetched, error) {
 	r, err := s.b.NewReader(ctx, m.Object, nil)
 	if err != nil {
@@ -350,7 +372,10 @@ func (s *Store) Fetch(ctx context.Context, m Manifest, dir string) (*Fetched, er
 		return nil, fmt.Errorf("snapshot: downloading %s: %w", m.Object, err)
 	}
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), r)
+	// One byte past the manifest's size is enough to refuse a longer
+	// object: a restore must not fill the disk with whatever the store
+	// holds (RestoreBytes is what it reserves).
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(ctxReader{ctx, r}, m.Bytes+1))
 	if err == nil && n != m.Bytes {
 		err = fmt.Errorf("%w: %s: %d bytes, the manifest says %d", ErrCorrupt, m.Object, n, m.Bytes)
 	}

@@ -64,8 +64,12 @@ func (s *source) export(header func(store.Image) error, page func(filter.PageID,
 
 // load reads m back into a model.
 func load(st *Store, m Manifest) (*source, error) {
+	return loadCtx(context.Background(), st, m)
+}
+
+func loadCtx(ctx context.Context, st *Store, m Manifest) (*source, error) {
 	got := &source{pages: map[filter.PageID][]byte{}}
-	err := st.Load(context.Background(), m, func(img store.Image, pages func(func(filter.PageID, []byte) error) error) error {
+	err := st.Load(ctx, m, func(img store.Image, pages func(func(filter.PageID, []byte) error) error) error {
 		got.img = img
 		return pages(func(id filter.PageID, b []byte) error {
 			if _, dup := got.pages[id]; dup {
