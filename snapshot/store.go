@@ -262,7 +262,8 @@ func newID() string {
 }
 
 // List returns the manifests of tp, newest first (highest offset, then
-// latest created). A manifest that cannot be read or parsed is skipped and
+// latest created). A manifest that cannot be read or parsed, or is larger
+// than 64 KiB (maxManifestBytes; ErrCorrupt, wrapped), is skipped and
 // reported in skipped (the caller logs them); err is for a store that
 // cannot be listed.
 func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifest, skipped []error, err error) {
@@ -274,12 +275,12 @@ func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifes
 		if obj.IsDir || !strings.HasSuffix(obj.Key, ".json") {
 			continue
 		}
-		body, err := s.b.ReadAll(ctx, obj.Key)
+		body, err := s.readManifest(ctx, obj)
 		if err != nil {
 			if gcerrors.Code(err) == gcerrors.NotFound {
 				continue // deleted since the listing
 			}
-			skipped = append(skipped, fmt.Errorf("reading %s: %w", obj.Key, err))
+			skipped = append(skipped, err)
 			continue
 		}
 		var m Manifest
@@ -301,6 +302,37 @@ func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifes
 		return b.Created.Compare(a.Created)
 	})
 	return ms, skipped, nil
+}
+
+// maxManifestBytes bounds the manifests List reads, in bytes: a manifest
+// is a few hundred bytes of JSON, and a larger object under manifest/ (a
+// bucket writer's mistake or malice) is skipped as ErrCorrupt rather than
+// read into memory at every plan of its partition.
+const maxManifestBytes = 64 << 10
+
+// readManifest reads the manifest obj lists, refusing one of more than
+// maxManifestBytes (by its listed size, and by what is read: a store may
+// list one size and serve more).
+func (s *Store) readManifest(ctx context.Context, obj *blob.ListObject) ([]byte, error) {
+	tooLarge := func(n int64) error {
+		return fmt.Errorf("%w: manifest %s: more than %d bytes (%d)", ErrCorrupt, obj.Key, maxManifestBytes, n)
+	}
+	if obj.Size > maxManifestBytes {
+		return nil, tooLarge(obj.Size)
+	}
+	r, err := s.b.NewReader(ctx, obj.Key, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", obj.Key, err)
+	}
+	defer r.Close()
+	body, err := io.ReadAll(io.LimitReader(ctxReader{ctx, r}, maxManifestBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", obj.Key, err)
+	}
+	if len(body) > maxManifestBytes {
+		return nil, tooLarge(int64(len(body)))
+	}
+	return body, nil
 }
 
 func cmpInt(a, b int64) int {

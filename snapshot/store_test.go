@@ -206,8 +206,9 @@ func TestLoadRefusesDamage(t *testing.T) {
 	}
 }
 
-// TestListSkipsBadManifests: a manifest that does not parse, or names
-// another topic-partition's object, is skipped and reported.
+// TestListSkipsBadManifests: a manifest that does not parse, names
+// another topic-partition's object, or is larger than maxManifestBytes
+// (however valid) is skipped and reported as ErrCorrupt.
 func TestListSkipsBadManifests(t *testing.T) {
 	st, dir := openStore(t)
 	ctx := context.Background()
@@ -222,12 +223,26 @@ func TestListSkipsBadManifests(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mdir, "00000000000000000098-y.json"), []byte(`{"format":1,"topic":"events","partition":2,"offset":98,"object":"other/0/data/x.kds"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A valid manifest, padded past the 64 KiB bound: refused unread.
+	body, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(m.Key())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body = append(body, bytes.Repeat([]byte(" "), maxManifestBytes)...)
+	if err := os.WriteFile(filepath.Join(mdir, "00000000000000000097-z.json"), body, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	ms, skipped, err := st.List(ctx, tp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ms) != 1 || ms[0].Key() != m.Key() || len(skipped) != 2 {
-		t.Fatalf("List = %v, skipped %v; want only %s and two skipped", ms, skipped, m.Key())
+	if len(ms) != 1 || ms[0].Key() != m.Key() || len(skipped) != 3 {
+		t.Fatalf("List = %v, skipped %v; want only %s and three skipped", ms, skipped, m.Key())
+	}
+	for _, e := range skipped {
+		if !errors.Is(e, ErrCorrupt) {
+			t.Errorf("skipped %v, want ErrCorrupt", e)
+		}
 	}
 }
 

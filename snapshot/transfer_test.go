@@ -94,6 +94,33 @@ func TestFetchLimitsDownload(t *testing.T) {
 	}
 }
 
+// TestListBoundsManifestReads serves a manifest that the store lists as
+// empty and streams without end (as a FIFO does): List reads no more than
+// maxManifestBytes of it and skips it as ErrCorrupt.
+func TestListBoundsManifestReads(t *testing.T) {
+	st, dir := openStore(t)
+	m, err := st.Put(context.Background(), tp, newSource(8, 3, 40).export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(dir, "events", "2", "manifest", "00000000000000000041-x.json")
+	if err := os.WriteFile(key, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wait := pipedObject(t, key, []byte(`{"format":1,`), nil, make([]byte, 8<<20))
+	ms, skipped, err := st.List(context.Background(), tp)
+	extra := wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 1 || ms[0].Key() != m.Key() || len(skipped) != 1 || !errors.Is(skipped[0], ErrCorrupt) {
+		t.Fatalf("List = %v, skipped %v; want %s and the endless manifest skipped as ErrCorrupt", ms, skipped, m.Key())
+	}
+	if extra > 1<<20 {
+		t.Fatalf("List read %d bytes of a manifest", extra)
+	}
+}
+
 // TestTransfersStopWhenCancelled cancels transfers with a directory store
 // (whose driver ignores contexts while data flows) in the middle: each
 // returns context.Canceled within a buffer of the cancellation, not at
