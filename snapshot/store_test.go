@@ -36,7 +36,7 @@ type source struct {
 
 func newSource(seed uint64, n int, offset int64) *source {
 	rng := rand.New(rand.NewPCG(seed, seed))
-	s := &source{img: store.Image{Meta: []byte(fmt.Sprintf("meta of %d", seed)), Checkpoint: store.Checkpoint{Offset: offset, LeaderEpoch: 3}, PageBytes: pb},
+	s := &source{img: store.Image{Meta: sourceMeta(seed, n), Checkpoint: store.Checkpoint{Offset: offset, LeaderEpoch: 3}, PageBytes: pb},
 		pages: map[filter.PageID][]byte{}}
 	for i := range n {
 		id := filter.PageID{SubFilter: uint32(i / 64), Page: uint32(i % 64)}
@@ -48,6 +48,19 @@ func newSource(seed uint64, n int, offset int64) *source {
 		s.order = append(s.order, id)
 	}
 	return s
+}
+
+// sourceMeta is the chain metadata of newSource's pages: sub-filters of
+// 64 pages, as many as n pages fill; seed is its watermark, so that the
+// metadata of different sources differ.
+func sourceMeta(seed uint64, n int) []byte {
+	m := filter.Meta{FormatVersion: filter.FormatVersion, HashID: filter.HashSipHash24,
+		Params: filter.Params{FingerprintBits: 16, PageBytes: pb}.WithDefaults(), Watermark: int64(seed), Seed: filter.Seed{K0: seed, K1: 1}}
+	for id := range uint32((n + 63) / 64) {
+		m.SubFilters = append(m.SubFilters, filter.SubFilter{ID: id, Pages: 64, FingerprintBits: 16})
+		m.NextID = id + 1
+	}
+	return m.Marshal()
 }
 
 func (s *source) export(header func(store.Image) error, page func(filter.PageID, []byte) error) (bool, error) {
