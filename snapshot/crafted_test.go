@@ -7,6 +7,8 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -165,6 +167,62 @@ func TestCraftedObjects(t *testing.T) {
 			}
 			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("Load = %v, want ErrCorrupt saying %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestLoadChecksBeforeDecoding: Load and Verify compare an object's size
+// and SHA-256 with its manifest before decoding any of it, so a damaged
+// object never reaches into or the decoder. A flipped byte near the end
+// (which a decoder meets only after handing over most pages), a window
+// bomb whose manifest does not match it, and a longer object are each
+// refused for their bytes, with into never called.
+func TestLoadChecksBeforeDecoding(t *testing.T) {
+	st, dir := openStore(t)
+	ctx := context.Background()
+	m, err := st.Put(ctx, tp, newSource(12, 200, 800).export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := filepath.Join(dir, filepath.FromSlash(m.Object))
+	good, err := os.ReadFile(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flipped := bytes.Clone(good)
+	flipped[len(flipped)-20] ^= 0x08
+	src := newSource(11, 40, 800)
+	bomb := rawFrame(plainObject(tp, src.img, src.pages, src.order, 40), 29)
+	bm := manifestOf(bomb, "bomb", src.img, 40)
+	bm.SHA256 = m.SHA256 // a manifest that does not match its object
+	putObject(t, st, bm, bomb)
+	for _, tc := range []struct {
+		name string
+		m    Manifest
+		obj  []byte
+		want string
+	}{
+		{"byte flipped near the end", m, flipped, "SHA-256"},
+		{"longer object", m, append(bytes.Clone(good), 0), "bytes, the manifest says"},
+		{"window bomb not matching its manifest", bm, nil, "SHA-256"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.obj != nil {
+				if err := os.WriteFile(filepath.Join(dir, filepath.FromSlash(tc.m.Object)), tc.obj, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			called := false
+			err := st.Load(ctx, tc.m, func(store.Image, func(func(filter.PageID, []byte) error) error) error {
+				called = true
+				return nil
+			})
+			if called || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Load = %v (into called: %t), want ErrCorrupt saying %q before into", err, called, tc.want)
+			}
+			if _, err := st.Verify(ctx, tc.m); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Verify = %v, want ErrCorrupt saying %q", err, tc.want)
 			}
 		})
 	}

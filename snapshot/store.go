@@ -346,19 +346,23 @@ func cmpInt(a, b int64) int {
 }
 
 // Load reads the snapshot m names and hands it to into: img is the
-// snapshot's metadata and checkpoint, and pages calls put with every page,
-// then checks the object against the manifest (size, SHA-256, structure)
-// and returns ErrCorrupt (wrapped) if it is not exactly that. into must
-// not make the state durable before pages returns nil
-// (store.PartitionState.Import). A missing object is ErrCorrupt too: the
-// snapshot is unusable. into's error is returned as is.
+// snapshot's metadata and checkpoint, and pages calls put with every page.
+// It reads the object twice: first to check its size and SHA-256 against
+// the manifest, so that a damaged object never reaches the decoder (nor
+// into), then to decode it, checking the structure and, again, the size
+// and SHA-256 (the object might be replaced between the two reads). An
+// object that is not exactly the manifest's is ErrCorrupt (wrapped), a
+// missing one too: the snapshot is unusable. into must not make the state
+// durable before pages returns nil (store.PartitionState.Import). into's
+// error is returned as is; ctx's (wrapped) once ctx is done, within one
+// buffer. Fetch and Fetched.Load read the object once, into a file.
 func (s *Store) Load(ctx context.Context, m Manifest, into func(img store.Image, pages func(put func(filter.PageID, []byte) error) error) error) error {
-	r, err := s.b.NewReader(ctx, m.Object, nil)
+	if err := s.check(ctx, m); err != nil {
+		return err
+	}
+	r, err := s.open(ctx, m)
 	if err != nil {
-		if gcerrors.Code(err) == gcerrors.NotFound {
-			return fmt.Errorf("%w: %s: data object missing: %w", ErrCorrupt, m.Object, err)
-		}
-		return fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
+		return err
 	}
 	defer r.Close()
 	d, err := newDecoder(ctxReader{ctx, r}, m)
@@ -367,6 +371,45 @@ func (s *Store) Load(ctx context.Context, m Manifest, into func(img store.Image,
 	}
 	defer d.close()
 	return into(d.img, d.pages)
+}
+
+// open opens the object m names; a missing one is ErrCorrupt.
+func (s *Store) open(ctx context.Context, m Manifest) (*blob.Reader, error) {
+	r, err := s.b.NewReader(ctx, m.Object, nil)
+	if err != nil {
+		if gcerrors.Code(err) == gcerrors.NotFound {
+			return nil, fmt.Errorf("%w: %s: data object missing: %w", ErrCorrupt, m.Object, err)
+		}
+		return nil, fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
+	}
+	return r, nil
+}
+
+// check reads the object m names, at most m.Bytes+1 bytes of it, and
+// compares its size and SHA-256 with the manifest's.
+func (s *Store) check(ctx context.Context, m Manifest) error {
+	r, err := s.open(ctx, m)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, io.LimitReader(ctxReader{ctx, r}, m.Bytes+1))
+	if err != nil {
+		return fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
+	}
+	return checkSum(m, n, h)
+}
+
+// checkSum compares an object's size n and SHA-256 h with m's.
+func checkSum(m Manifest, n int64, h hash.Hash) error {
+	if n != m.Bytes {
+		return fmt.Errorf("%w: %s: %d bytes, the manifest says %d", ErrCorrupt, m.Object, n, m.Bytes)
+	}
+	if sum := hex.EncodeToString(h.Sum(nil)); sum != m.SHA256 {
+		return fmt.Errorf("%w: %s: SHA-256 %s, the manifest says %s", ErrCorrupt, m.Object, sum, m.SHA256)
+	}
+	return nil
 }
 
 // Fetched is a snapshot downloaded to a local file and checked against
@@ -391,12 +434,9 @@ const fetchPrefix = "snapshot-download-"
 // even from a directory store, and the store's error when it cannot be
 // read; whatever the error, nothing is left in dir.
 func (s *Store) Fetch(ctx context.Context, m Manifest, dir string) (*Fetched, error) {
-	r, err := s.b.NewReader(ctx, m.Object, nil)
+	r, err := s.open(ctx, m)
 	if err != nil {
-		if gcerrors.Code(err) == gcerrors.NotFound {
-			return nil, fmt.Errorf("%w: %s: data object missing: %w", ErrCorrupt, m.Object, err)
-		}
-		return nil, fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
+		return nil, err
 	}
 	defer r.Close()
 	f, err := os.CreateTemp(dir, fetchPrefix+"*")
@@ -408,11 +448,8 @@ func (s *Store) Fetch(ctx context.Context, m Manifest, dir string) (*Fetched, er
 	// object: a restore must not fill the disk with whatever the store
 	// holds (RestoreBytes is what it reserves).
 	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(ctxReader{ctx, r}, m.Bytes+1))
-	if err == nil && n != m.Bytes {
-		err = fmt.Errorf("%w: %s: %d bytes, the manifest says %d", ErrCorrupt, m.Object, n, m.Bytes)
-	}
-	if sum := hex.EncodeToString(h.Sum(nil)); err == nil && sum != m.SHA256 {
-		err = fmt.Errorf("%w: %s: SHA-256 %s, the manifest says %s", ErrCorrupt, m.Object, sum, m.SHA256)
+	if err == nil {
+		err = checkSum(m, n, h)
 	}
 	if err == nil {
 		_, err = f.Seek(0, io.SeekStart)
@@ -592,8 +629,9 @@ func (s *Store) Partitions(ctx context.Context) ([]store.TopicPartition, error) 
 }
 
 // Verify reads the whole snapshot m names and checks it against its
-// manifest (size, SHA-256, structure), returning the image's metadata and
-// checkpoint; ErrCorrupt (wrapped) when it is not exactly the manifest's.
+// manifest (size and SHA-256 before decoding anything, then structure, as
+// Load does), returning the image's metadata and checkpoint; ErrCorrupt
+// (wrapped) when it is not exactly the manifest's.
 func (s *Store) Verify(ctx context.Context, m Manifest) (store.Image, error) {
 	var img store.Image
 	err := s.Load(ctx, m, func(i store.Image, pages func(put func(filter.PageID, []byte) error) error) error {
