@@ -267,6 +267,29 @@ func newID() string {
 // reported in skipped (the caller logs them); err is for a store that
 // cannot be listed.
 func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifest, skipped []error, err error) {
+	ms, bad, err := s.manifests(ctx, tp)
+	for _, b := range bad {
+		skipped = append(skipped, b.err)
+	}
+	return ms, skipped, err
+}
+
+// badManifest is a manifest List skips.
+type badManifest struct {
+	key    string
+	stored time.Time
+	err    error
+	// corrupt: its bytes were read and are no manifest of tp this build
+	// writes or reads (ErrCorrupt). Otherwise the store did not serve
+	// them, and the manifest may be valid.
+	corrupt bool
+	// newer is the object a manifest of tp in a format newer than this
+	// build's names: valid, maybe, for a newer build ("" if not one).
+	newer string
+}
+
+// manifests is List, with what it knows of the manifests it skips.
+func (s *Store) manifests(ctx context.Context, tp store.TopicPartition) (ms []Manifest, bad []badManifest, err error) {
 	objs, err := s.list(ctx, dir(tp)+"manifest/")
 	if err != nil {
 		return nil, nil, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
@@ -275,21 +298,29 @@ func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifes
 		if obj.IsDir || !strings.HasSuffix(obj.Key, ".json") {
 			continue
 		}
+		skip := badManifest{key: obj.Key, stored: obj.ModTime, corrupt: true}
 		body, err := s.readManifest(ctx, obj)
 		if err != nil {
 			if gcerrors.Code(err) == gcerrors.NotFound {
 				continue // deleted since the listing
 			}
-			skipped = append(skipped, err)
+			skip.err, skip.corrupt = err, errors.Is(err, ErrCorrupt)
+			bad = append(bad, skip)
 			continue
 		}
 		var m Manifest
 		if err := json.Unmarshal(body, &m); err != nil {
-			skipped = append(skipped, fmt.Errorf("%w: manifest %s: %w", ErrCorrupt, obj.Key, err))
+			skip.err = fmt.Errorf("%w: manifest %s: %w", ErrCorrupt, obj.Key, err)
+			bad = append(bad, skip)
 			continue
 		}
-		if m.Format != FormatVersion || m.TopicPartition() != tp || !strings.HasPrefix(m.Object, dir(tp)+"data/") {
-			skipped = append(skipped, fmt.Errorf("%w: manifest %s: format %d of %s, want format %d of %s", ErrCorrupt, obj.Key, m.Format, m.TopicPartition(), FormatVersion, tp))
+		inDir := strings.HasPrefix(m.Object, dir(tp)+"data/")
+		if m.Format != FormatVersion || m.TopicPartition() != tp || !inDir {
+			skip.err = fmt.Errorf("%w: manifest %s: format %d of %s, want format %d of %s", ErrCorrupt, obj.Key, m.Format, m.TopicPartition(), FormatVersion, tp)
+			if m.Format > FormatVersion && m.TopicPartition() == tp && inDir {
+				skip.newer = m.Object
+			}
+			bad = append(bad, skip)
 			continue
 		}
 		m.key, m.stored = obj.Key, obj.ModTime
@@ -301,7 +332,7 @@ func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifes
 		}
 		return b.Created.Compare(a.Created)
 	})
-	return ms, skipped, nil
+	return ms, bad, nil
 }
 
 // maxManifestBytes bounds the manifests List reads, in bytes: a manifest
@@ -502,56 +533,113 @@ func (f *Fetched) Close() {
 	os.Remove(f.f.Name())
 }
 
-// Prune deletes the manifests of tp beyond the keep newest (by creation
-// time) and their data objects, then, unless a manifest could not be read,
-// the data objects of tp that no manifest names and that were last
-// modified more than grace ago (an object younger than that may belong to
-// an upload whose manifest is not written yet, by this worker or another).
-// It returns the objects deleted.
+// Prune deletes old snapshots of tp and what no snapshot needs, returning
+// the number of objects deleted (PruneReport also names the unreadable
+// manifests it deleted, for the caller to log):
+//
+//   - the manifests beyond the keep newest by the store's clock, and their
+//     data objects, but never the snapshot of the highest offset (the
+//     newest by offset, first in List's order), which would otherwise go
+//     when another worker's late uploads of lower offsets are newer;
+//   - a manifest whose bytes are no manifest of tp this build reads
+//     (ErrCorrupt in List's skipped) once older than grace, so that one
+//     bad manifest does not stay forever;
+//   - the data objects of tp that no manifest names and that were last
+//     modified more than grace ago (an object younger than that may belong
+//     to an upload whose manifest is not written yet, by this worker or
+//     another).
+//
+// A manifest that might be valid and name any object stops the last
+// step, so that no object is deleted that it might name: one the store
+// did not serve (a store error, maybe passing; it is never deleted), and
+// a corrupt one younger than grace. A manifest of a newer format is kept,
+// and so is the object it names. Safe for concurrent use, by this worker
+// and others, on the same topic-partition.
 func (s *Store) Prune(ctx context.Context, tp store.TopicPartition, keep int, grace time.Duration) (deleted int, err error) {
-	ms, skipped, err := s.List(ctx, tp)
+	p, err := s.PruneReport(ctx, tp, keep, grace)
+	return p.Objects, err
+}
+
+// Pruned is what PruneReport deleted.
+type Pruned struct {
+	// Objects is the number of objects deleted: manifests and data
+	// objects.
+	Objects int
+	// Unreadable holds the keys of the corrupt manifests deleted, older
+	// than the grace period (their snapshots, if any, were unusable).
+	Unreadable []string
+}
+
+// PruneReport is Prune, reporting what it deleted; on an error, what it
+// deleted before it.
+func (s *Store) PruneReport(ctx context.Context, tp store.TopicPartition, keep int, grace time.Duration) (Pruned, error) {
+	var p Pruned
+	ms, bad, err := s.manifests(ctx, tp)
 	if err != nil {
-		return 0, err
+		return p, err
+	}
+	del := func(key string) error {
+		if err := s.b.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+			return fmt.Errorf("snapshot: deleting %s from %s: %w", key, s.where, err)
+		}
+		p.Objects++
+		return nil
+	}
+	var highest string
+	if len(ms) > 0 {
+		highest = ms[0].key
 	}
 	// The newest by the store's clock, not by offset (after the group's
 	// offsets were reset backwards, snapshots of higher offsets must age
 	// out rather than crowd out every new one) nor by the writer's clock
-	// (one worker's clock ahead would make its snapshots outlive all).
+	// (one worker's clock ahead would make its snapshots outlive all);
+	// but the highest offset's stays, so that a late upload of a lower
+	// offset never leaves only older states.
 	slices.SortStableFunc(ms, func(a, b Manifest) int { return b.stored.Compare(a.stored) })
 	named := map[string]bool{}
 	for i, m := range ms {
-		if i < keep {
+		if i < keep || m.key == highest {
 			named[m.Object] = true
 			continue
 		}
 		// The manifest first: a snapshot without its manifest does not
 		// exist, and then nothing names its object.
 		for _, key := range []string{m.key, m.Object} {
-			if err := s.b.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
-				return deleted, fmt.Errorf("snapshot: deleting %s from %s: %w", key, s.where, err)
+			if err := del(key); err != nil {
+				return p, err
 			}
-			deleted++
 		}
 	}
-	if len(skipped) > 0 {
-		// A manifest that could not be read may name any object: delete
-		// none that no manifest names this time.
-		return deleted, nil
+	mayNameAny := false
+	for _, b := range bad {
+		switch {
+		case b.newer != "":
+			named[b.newer] = true
+		case b.corrupt && time.Since(b.stored) >= grace:
+			if err := del(b.key); err != nil {
+				return p, err
+			}
+			p.Unreadable = append(p.Unreadable, b.key)
+		default:
+			mayNameAny = true
+		}
+	}
+	if mayNameAny {
+		return p, nil
 	}
 	objs, err := s.list(ctx, dir(tp)+"data/")
 	if err != nil {
-		return deleted, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
+		return p, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
 	}
 	for _, obj := range objs {
 		if named[obj.Key] || obj.IsDir || time.Since(obj.ModTime) < grace || path.Ext(obj.Key) != ".kds" {
 			continue
 		}
-		if err := s.b.Delete(ctx, obj.Key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
-			return deleted, fmt.Errorf("snapshot: deleting %s from %s: %w", obj.Key, s.where, err)
+		if err := del(obj.Key); err != nil {
+			return p, err
 		}
-		deleted++
 	}
-	return deleted, nil
+	return p, nil
 }
 
 // list returns the objects under prefix. Another worker may delete one
