@@ -63,6 +63,35 @@ func (c *Chain) MarshalMeta() []byte {
 		NextID: c.nextID, Watermark: c.watermark, Seed: c.seed, SubFilters: c.subs}.marshal()
 }
 
+// Marshal encodes m as MarshalMeta encodes a chain's metadata; DecodeMeta
+// reads it back. It holds the secret hash seed: store it like the pages,
+// never log it.
+func (m Meta) Marshal() []byte { return m.marshal() }
+
+// HasPage reports whether id is a page of the chain m describes: a page
+// of one of its sub-filters (the live ones: a dropped sub-filter has left
+// SubFilters) below that sub-filter's page count. A state holds no other
+// page, so an image that does is not this metadata's
+// (store.PartitionState.Import refuses it).
+func (m Meta) HasPage(id PageID) bool {
+	for _, s := range m.SubFilters {
+		if s.ID == id.SubFilter {
+			return uint64(id.Page) < s.Pages
+		}
+	}
+	return false
+}
+
+// TotalPages is the number of pages of m's sub-filters: the most a state
+// of this metadata stores.
+func (m Meta) TotalPages() uint64 {
+	var n uint64
+	for _, s := range m.SubFilters {
+		n += s.Pages
+	}
+	return n
+}
+
 func (m Meta) marshal() []byte {
 	b := make([]byte, 0, metaHeaderLen+len(m.Params.KeySpec)+len(m.SubFilters)*metaSubLen+metaCRCLen)
 	b = append(b, metaMagic[:]...)

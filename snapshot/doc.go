@@ -25,7 +25,19 @@
 // dedup.Deduplicator.Restore, which checks the filter parameters and
 // imports them (store.PartitionState.Import, atomic for readers of the
 // store: a crash in the middle leaves no state, never a partial one).
-// Store.Load streams and checks in one pass (kdedup inspect -verify).
+// Store.Load checks the object's size and SHA-256 in a first pass and
+// decodes it in a second (kdedup inspect -verify).
+//
+// # What a bucket writer can do
+//
+// A principal that can write under the store's prefix chooses the state
+// a restoring worker imports (the snapshot carries the hash seed), but
+// not how much memory or disk the restore takes: List reads at most 64
+// KiB of a manifest, Fetch writes at most the manifest's size plus one
+// byte, the decoder refuses a zstd window over 8 MiB and more pages, or
+// pages of another size, than the manifest lists, and Import refuses
+// pages that are not its metadata's (Manifest.RestoreBytes is what a
+// restore may take on disk).
 //
 // # Store
 //

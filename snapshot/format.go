@@ -31,6 +31,19 @@ const endOfPages = 0xFFFFFFFF
 // refused instead of allocated.
 const maxMetaBytes = 16 << 20
 
+// The zstd window the encoder uses, and the largest the decoder accepts,
+// in bytes. The encoder pins SpeedFastest's 4 MiB window
+// (klauspost/compress zstd encoder_options.go, WithEncoderLevel) so that
+// a change of level cannot outgrow the decoder; the decoder allows twice
+// that (zstd's default level uses 8 MiB) instead of zstd's default 512
+// MiB, since a frame header alone makes the decoder allocate its window
+// (a ring of the window plus two blocks: zstd history.go) for every
+// concurrent restore.
+const (
+	encoderWindowBytes    = 4 << 20
+	maxDecoderWindowBytes = 8 << 20
+)
+
 // ErrCorrupt is returned (wrapped) for a snapshot object that is not what
 // its manifest says: a checksum or size mismatch, a truncated or
 // undecodable object, another format version, or another topic-partition.
@@ -60,7 +73,7 @@ type encoder struct {
 func newEncoder(w io.Writer) (*encoder, error) {
 	// The fastest level: pages are fingerprints, near random but for the
 	// empty slots of part-full pages, which any level finds.
-	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithWindowSize(encoderWindowBytes), zstd.WithEncoderConcurrency(1))
 	if err != nil {
 		return nil, err
 	}
@@ -116,13 +129,19 @@ type decoder struct {
 	closed bool
 }
 
+// countingReader hashes and counts the object's bytes, and refuses to
+// read past max (the manifest's size) rather than decode whatever follows.
 type countingReader struct {
-	r io.Reader
-	h hash.Hash
-	n int64
+	r   io.Reader
+	h   hash.Hash
+	n   int64
+	max int64
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
+	if c.n > c.max {
+		return 0, fmt.Errorf("%w: more than the manifest's %d bytes", ErrCorrupt, c.max)
+	}
 	n, err := c.r.Read(p)
 	c.n += int64(n)
 	c.h.Write(p[:n])
@@ -130,8 +149,12 @@ func (c *countingReader) Read(p []byte) (int, error) {
 }
 
 func newDecoder(r io.Reader, m Manifest) (*decoder, error) {
-	cr := &countingReader{r: r, h: sha256.New()}
-	zr, err := zstd.NewReader(cr, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+	cr := &countingReader{r: r, h: sha256.New(), max: m.Bytes}
+	// MaxMemory bounds the window too (for a stream it is the window's
+	// bound; the output is not bounded by it) and catches a single-segment
+	// frame whose content size stands in for its window.
+	zr, err := zstd.NewReader(cr, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+		zstd.WithDecoderMaxWindow(maxDecoderWindowBytes), zstd.WithDecoderMaxMemory(maxDecoderWindowBytes))
 	if err != nil {
 		return nil, err
 	}
@@ -149,6 +172,10 @@ func (d *decoder) corrupt(err error) error {
 	}
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
+	}
+	if errors.Is(err, zstd.ErrWindowSizeExceeded) || errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+		err = fmt.Errorf("zstd frame with a window over the %d MiB this build decodes (its writer uses %d MiB): %w",
+			maxDecoderWindowBytes>>20, encoderWindowBytes>>20, err)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrCorrupt, d.m.Object, err)
 }
@@ -190,15 +217,23 @@ func (d *decoder) header() error {
 	if d.img.PageBytes <= 0 || d.img.PageBytes > 1<<20 {
 		return fmt.Errorf("page size %d", d.img.PageBytes)
 	}
-	ml := int(binary.BigEndian.Uint32(b[16:]))
+	if d.img.PageBytes != d.m.PageBytes {
+		return fmt.Errorf("page size %d, the manifest says %d", d.img.PageBytes, d.m.PageBytes)
+	}
+	ml := int64(binary.BigEndian.Uint32(b[16:]))
 	if ml > maxMetaBytes {
 		return fmt.Errorf("metadata of %d bytes", ml)
 	}
-	meta, err := d.read(ml)
+	// Read, not allocated up front: a damaged length costs what the
+	// object holds, not 16 MiB.
+	meta, err := io.ReadAll(io.LimitReader(d.r, ml))
 	if err != nil {
 		return err
 	}
-	d.img.Meta = append([]byte(nil), meta...)
+	if int64(len(meta)) != ml {
+		return io.ErrUnexpectedEOF
+	}
+	d.img.Meta = meta
 	return nil
 }
 
@@ -206,9 +241,13 @@ func (d *decoder) header() error {
 // to the end and checks the count, the size and the SHA-256: an object
 // that is not exactly the manifest's returns ErrCorrupt (wrapped) after
 // put has seen some of its pages, which is why store.PartitionState.Import,
-// which commits only after its source returns nil, is the caller.
+// which commits only after its source returns nil, is the caller. put
+// never sees more than the manifest's Pages pages, each of its PageBytes:
+// an object of more (pages of zeros compress to almost nothing) is
+// refused at the first page past the count.
 func (d *decoder) pages(put func(filter.PageID, []byte) error) error {
 	var n uint64
+	want := uint64(max(d.m.Pages, 0))
 	for {
 		b, err := d.read(8)
 		if err != nil {
@@ -223,7 +262,13 @@ func (d *decoder) pages(put func(filter.PageID, []byte) error) error {
 			if count := uint64(page)<<32 | uint64(binary.BigEndian.Uint32(b)); count != n {
 				return d.corrupt(fmt.Errorf("%d pages, the object says %d", n, count))
 			}
+			if n != want {
+				return d.corrupt(fmt.Errorf("%d pages, the manifest says %d", n, want))
+			}
 			break
+		}
+		if n >= want {
+			return d.corrupt(fmt.Errorf("more pages than the manifest's %d", want))
 		}
 		if b, err = d.read(d.img.PageBytes); err != nil {
 			return d.corrupt(err)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"path"
@@ -66,10 +67,18 @@ type Store struct {
 // (AZURE_STORAGE_ACCOUNT and the Azure SDK's credential chain), or
 // file:///path for a directory (a shared volume; created if absent). The URL's path below the bucket is
 // the key prefix. Query parameters are those of gocloud.dev's drivers.
+//
+// Neither the store's String nor any error Open returns holds the URL's
+// password (url.URL.Redacted), should the URL carry user:password@.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: parsing the store URL: %w", err)
+		// url.Error quotes the whole URL; its cause names only the bad part.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		return nil, fmt.Errorf("snapshot: parsing the store URL %s: %w", redactRawURL(rawURL), redacted(err, rawURL, nil))
 	}
 	where := u.Scheme + "://" + u.Host + u.Path
 	prefix := ""
@@ -85,7 +94,8 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	}
 	b, err := blob.OpenBucket(ctx, u.String())
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: opening %s: %w", where, err)
+		// gocloud quotes the URL it was given, password included.
+		return nil, fmt.Errorf("snapshot: opening %s: %w", where, redacted(err, rawURL, u))
 	}
 	if prefix != "" {
 		b = blob.PrefixedBucket(b, prefix+"/")
@@ -158,6 +168,25 @@ func (m Manifest) Key() string { return m.key }
 // StateBytes is the pages' size before compression.
 func (m Manifest) StateBytes() int64 { return m.Pages * int64(m.PageBytes) }
 
+// RestoreBytes is the disk space, in bytes, that restoring m takes at
+// most on the data directory's filesystem: the downloaded object (Fetch
+// writes at most Bytes+1 bytes and keeps Bytes until Fetched.Close) and
+// the imported pages (StateBytes: the decoder refuses more pages, or
+// pages of another size, than the manifest's) held at once. It does not
+// count the store's own overhead (Badger's logs and the free space it
+// keeps; store.DB owns those). A manifest whose sizes are negative or
+// overflow gives math.MaxInt64: no reservation fits it, and Fetch or Load
+// would refuse it anyway.
+func (m Manifest) RestoreBytes() int64 {
+	if m.Bytes < 0 || m.Pages < 0 || m.PageBytes < 0 {
+		return math.MaxInt64
+	}
+	if m.PageBytes > 0 && m.Pages > (math.MaxInt64-m.Bytes)/int64(m.PageBytes) {
+		return math.MaxInt64
+	}
+	return m.Bytes + m.StateBytes()
+}
+
 func dir(tp store.TopicPartition) string {
 	return tp.Topic + "/" + strconv.Itoa(int(tp.Partition)) + "/"
 }
@@ -191,7 +220,7 @@ func (s *Store) Put(ctx context.Context, tp store.TopicPartition, src Source) (M
 			return err
 		}
 		h = sha256.New()
-		n = &countingWriter{w: io.MultiWriter(w, h)}
+		n = &countingWriter{w: io.MultiWriter(ctxWriter{ctx, w}, h)}
 		if enc, err = newEncoder(n); err != nil {
 			return err
 		}
@@ -246,10 +275,34 @@ func newID() string {
 }
 
 // List returns the manifests of tp, newest first (highest offset, then
-// latest created). A manifest that cannot be read or parsed is skipped and
+// latest created). A manifest that cannot be read or parsed, or is larger
+// than 64 KiB (maxManifestBytes; ErrCorrupt, wrapped), is skipped and
 // reported in skipped (the caller logs them); err is for a store that
 // cannot be listed.
 func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifest, skipped []error, err error) {
+	ms, bad, err := s.manifests(ctx, tp)
+	for _, b := range bad {
+		skipped = append(skipped, b.err)
+	}
+	return ms, skipped, err
+}
+
+// badManifest is a manifest List skips.
+type badManifest struct {
+	key    string
+	stored time.Time
+	err    error
+	// corrupt: its bytes were read and are no manifest of tp this build
+	// writes or reads (ErrCorrupt). Otherwise the store did not serve
+	// them, and the manifest may be valid.
+	corrupt bool
+	// newer is the object a manifest of tp in a format newer than this
+	// build's names: valid, maybe, for a newer build ("" if not one).
+	newer string
+}
+
+// manifests is List, with what it knows of the manifests it skips.
+func (s *Store) manifests(ctx context.Context, tp store.TopicPartition) (ms []Manifest, bad []badManifest, err error) {
 	objs, err := s.list(ctx, dir(tp)+"manifest/")
 	if err != nil {
 		return nil, nil, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
@@ -258,21 +311,29 @@ func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifes
 		if obj.IsDir || !strings.HasSuffix(obj.Key, ".json") {
 			continue
 		}
-		body, err := s.b.ReadAll(ctx, obj.Key)
+		skip := badManifest{key: obj.Key, stored: obj.ModTime, corrupt: true}
+		body, err := s.readManifest(ctx, obj)
 		if err != nil {
 			if gcerrors.Code(err) == gcerrors.NotFound {
 				continue // deleted since the listing
 			}
-			skipped = append(skipped, fmt.Errorf("reading %s: %w", obj.Key, err))
+			skip.err, skip.corrupt = err, errors.Is(err, ErrCorrupt)
+			bad = append(bad, skip)
 			continue
 		}
 		var m Manifest
 		if err := json.Unmarshal(body, &m); err != nil {
-			skipped = append(skipped, fmt.Errorf("%w: manifest %s: %w", ErrCorrupt, obj.Key, err))
+			skip.err = fmt.Errorf("%w: manifest %s: %w", ErrCorrupt, obj.Key, err)
+			bad = append(bad, skip)
 			continue
 		}
-		if m.Format != FormatVersion || m.TopicPartition() != tp || !strings.HasPrefix(m.Object, dir(tp)+"data/") {
-			skipped = append(skipped, fmt.Errorf("%w: manifest %s: format %d of %s, want format %d of %s", ErrCorrupt, obj.Key, m.Format, m.TopicPartition(), FormatVersion, tp))
+		inDir := strings.HasPrefix(m.Object, dir(tp)+"data/")
+		if m.Format != FormatVersion || m.TopicPartition() != tp || !inDir {
+			skip.err = fmt.Errorf("%w: manifest %s: format %d of %s, want format %d of %s", ErrCorrupt, obj.Key, m.Format, m.TopicPartition(), FormatVersion, tp)
+			if m.Format > FormatVersion && m.TopicPartition() == tp && inDir {
+				skip.newer = m.Object
+			}
+			bad = append(bad, skip)
 			continue
 		}
 		m.key, m.stored = obj.Key, obj.ModTime
@@ -284,7 +345,38 @@ func (s *Store) List(ctx context.Context, tp store.TopicPartition) (ms []Manifes
 		}
 		return b.Created.Compare(a.Created)
 	})
-	return ms, skipped, nil
+	return ms, bad, nil
+}
+
+// maxManifestBytes bounds the manifests List reads, in bytes: a manifest
+// is a few hundred bytes of JSON, and a larger object under manifest/ (a
+// bucket writer's mistake or malice) is skipped as ErrCorrupt rather than
+// read into memory at every plan of its partition.
+const maxManifestBytes = 64 << 10
+
+// readManifest reads the manifest obj lists, refusing one of more than
+// maxManifestBytes (by its listed size, and by what is read: a store may
+// list one size and serve more).
+func (s *Store) readManifest(ctx context.Context, obj *blob.ListObject) ([]byte, error) {
+	tooLarge := func(n int64) error {
+		return fmt.Errorf("%w: manifest %s: more than %d bytes (%d)", ErrCorrupt, obj.Key, maxManifestBytes, n)
+	}
+	if obj.Size > maxManifestBytes {
+		return nil, tooLarge(obj.Size)
+	}
+	r, err := s.b.NewReader(ctx, obj.Key, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", obj.Key, err)
+	}
+	defer r.Close()
+	body, err := io.ReadAll(io.LimitReader(ctxReader{ctx, r}, maxManifestBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", obj.Key, err)
+	}
+	if len(body) > maxManifestBytes {
+		return nil, tooLarge(int64(len(body)))
+	}
+	return body, nil
 }
 
 func cmpInt(a, b int64) int {
@@ -298,27 +390,70 @@ func cmpInt(a, b int64) int {
 }
 
 // Load reads the snapshot m names and hands it to into: img is the
-// snapshot's metadata and checkpoint, and pages calls put with every page,
-// then checks the object against the manifest (size, SHA-256, structure)
-// and returns ErrCorrupt (wrapped) if it is not exactly that. into must
-// not make the state durable before pages returns nil
-// (store.PartitionState.Import). A missing object is ErrCorrupt too: the
-// snapshot is unusable. into's error is returned as is.
+// snapshot's metadata and checkpoint, and pages calls put with every page.
+// It reads the object twice: first to check its size and SHA-256 against
+// the manifest, so that a damaged object never reaches the decoder (nor
+// into), then to decode it, checking the structure and, again, the size
+// and SHA-256 (the object might be replaced between the two reads). An
+// object that is not exactly the manifest's is ErrCorrupt (wrapped), a
+// missing one too: the snapshot is unusable. into must not make the state
+// durable before pages returns nil (store.PartitionState.Import). into's
+// error is returned as is; ctx's (wrapped) once ctx is done, within one
+// buffer. Fetch and Fetched.Load read the object once, into a file.
 func (s *Store) Load(ctx context.Context, m Manifest, into func(img store.Image, pages func(put func(filter.PageID, []byte) error) error) error) error {
-	r, err := s.b.NewReader(ctx, m.Object, nil)
+	if err := s.check(ctx, m); err != nil {
+		return err
+	}
+	r, err := s.open(ctx, m)
 	if err != nil {
-		if gcerrors.Code(err) == gcerrors.NotFound {
-			return fmt.Errorf("%w: %s: data object missing: %w", ErrCorrupt, m.Object, err)
-		}
-		return fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
+		return err
 	}
 	defer r.Close()
-	d, err := newDecoder(r, m)
+	d, err := newDecoder(ctxReader{ctx, r}, m)
 	if err != nil {
 		return err
 	}
 	defer d.close()
 	return into(d.img, d.pages)
+}
+
+// open opens the object m names; a missing one is ErrCorrupt.
+func (s *Store) open(ctx context.Context, m Manifest) (*blob.Reader, error) {
+	r, err := s.b.NewReader(ctx, m.Object, nil)
+	if err != nil {
+		if gcerrors.Code(err) == gcerrors.NotFound {
+			return nil, fmt.Errorf("%w: %s: data object missing: %w", ErrCorrupt, m.Object, err)
+		}
+		return nil, fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
+	}
+	return r, nil
+}
+
+// check reads the object m names, at most m.Bytes+1 bytes of it, and
+// compares its size and SHA-256 with the manifest's.
+func (s *Store) check(ctx context.Context, m Manifest) error {
+	r, err := s.open(ctx, m)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, io.LimitReader(ctxReader{ctx, r}, m.Bytes+1))
+	if err != nil {
+		return fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
+	}
+	return checkSum(m, n, h)
+}
+
+// checkSum compares an object's size n and SHA-256 h with m's.
+func checkSum(m Manifest, n int64, h hash.Hash) error {
+	if n != m.Bytes {
+		return fmt.Errorf("%w: %s: %d bytes, the manifest says %d", ErrCorrupt, m.Object, n, m.Bytes)
+	}
+	if sum := hex.EncodeToString(h.Sum(nil)); sum != m.SHA256 {
+		return fmt.Errorf("%w: %s: SHA-256 %s, the manifest says %s", ErrCorrupt, m.Object, sum, m.SHA256)
+	}
+	return nil
 }
 
 // Fetched is a snapshot downloaded to a local file and checked against
@@ -336,17 +471,16 @@ const fetchPrefix = "snapshot-download-"
 // Fetch downloads the snapshot m names into a new file in dir (the data
 // directory's filesystem, sized for the state, not a small /tmp) and
 // checks its size and SHA-256 against the manifest (RemoveStaleFetches
-// deletes the files of a process killed in the middle of one). It
-// returns ErrCorrupt (wrapped) for
-// an object that is missing or not the manifest's, and the store's error
-// when it cannot be read; either way nothing is left in dir.
+// deletes the files of a process killed in the middle of one). It writes
+// at most m.Bytes+1 bytes to dir, however long the object. It returns
+// ErrCorrupt (wrapped) for an object that is missing or not the
+// manifest's, ctx's error (wrapped) once ctx is done, within one buffer
+// even from a directory store, and the store's error when it cannot be
+// read; whatever the error, nothing is left in dir.
 func (s *Store) Fetch(ctx context.Context, m Manifest, dir string) (*Fetched, error) {
-	r, err := s.b.NewReader(ctx, m.Object, nil)
+	r, err := s.open(ctx, m)
 	if err != nil {
-		if gcerrors.Code(err) == gcerrors.NotFound {
-			return nil, fmt.Errorf("%w: %s: data object missing: %w", ErrCorrupt, m.Object, err)
-		}
-		return nil, fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
+		return nil, err
 	}
 	defer r.Close()
 	f, err := os.CreateTemp(dir, fetchPrefix+"*")
@@ -354,12 +488,12 @@ func (s *Store) Fetch(ctx context.Context, m Manifest, dir string) (*Fetched, er
 		return nil, fmt.Errorf("snapshot: downloading %s: %w", m.Object, err)
 	}
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), r)
-	if err == nil && n != m.Bytes {
-		err = fmt.Errorf("%w: %s: %d bytes, the manifest says %d", ErrCorrupt, m.Object, n, m.Bytes)
-	}
-	if sum := hex.EncodeToString(h.Sum(nil)); err == nil && sum != m.SHA256 {
-		err = fmt.Errorf("%w: %s: SHA-256 %s, the manifest says %s", ErrCorrupt, m.Object, sum, m.SHA256)
+	// One byte past the manifest's size is enough to refuse a longer
+	// object: a restore must not fill the disk with whatever the store
+	// holds (RestoreBytes is what it reserves).
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(ctxReader{ctx, r}, m.Bytes+1))
+	if err == nil {
+		err = checkSum(m, n, h)
 	}
 	if err == nil {
 		_, err = f.Seek(0, io.SeekStart)
@@ -412,56 +546,113 @@ func (f *Fetched) Close() {
 	os.Remove(f.f.Name())
 }
 
-// Prune deletes the manifests of tp beyond the keep newest (by creation
-// time) and their data objects, then, unless a manifest could not be read,
-// the data objects of tp that no manifest names and that were last
-// modified more than grace ago (an object younger than that may belong to
-// an upload whose manifest is not written yet, by this worker or another).
-// It returns the objects deleted.
+// Prune deletes old snapshots of tp and what no snapshot needs, returning
+// the number of objects deleted (PruneReport also names the unreadable
+// manifests it deleted, for the caller to log):
+//
+//   - the manifests beyond the keep newest by the store's clock, and their
+//     data objects, but never the snapshot of the highest offset (the
+//     newest by offset, first in List's order), which would otherwise go
+//     when another worker's late uploads of lower offsets are newer;
+//   - a manifest whose bytes are no manifest of tp this build reads
+//     (ErrCorrupt in List's skipped) once older than grace, so that one
+//     bad manifest does not stay forever;
+//   - the data objects of tp that no manifest names and that were last
+//     modified more than grace ago (an object younger than that may belong
+//     to an upload whose manifest is not written yet, by this worker or
+//     another).
+//
+// A manifest that might be valid and name any object stops the last
+// step, so that no object is deleted that it might name: one the store
+// did not serve (a store error, maybe passing; it is never deleted), and
+// a corrupt one younger than grace. A manifest of a newer format is kept,
+// and so is the object it names. Safe for concurrent use, by this worker
+// and others, on the same topic-partition.
 func (s *Store) Prune(ctx context.Context, tp store.TopicPartition, keep int, grace time.Duration) (deleted int, err error) {
-	ms, skipped, err := s.List(ctx, tp)
+	p, err := s.PruneReport(ctx, tp, keep, grace)
+	return p.Objects, err
+}
+
+// Pruned is what PruneReport deleted.
+type Pruned struct {
+	// Objects is the number of objects deleted: manifests and data
+	// objects.
+	Objects int
+	// Unreadable holds the keys of the corrupt manifests deleted, older
+	// than the grace period (their snapshots, if any, were unusable).
+	Unreadable []string
+}
+
+// PruneReport is Prune, reporting what it deleted; on an error, what it
+// deleted before it.
+func (s *Store) PruneReport(ctx context.Context, tp store.TopicPartition, keep int, grace time.Duration) (Pruned, error) {
+	var p Pruned
+	ms, bad, err := s.manifests(ctx, tp)
 	if err != nil {
-		return 0, err
+		return p, err
+	}
+	del := func(key string) error {
+		if err := s.b.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+			return fmt.Errorf("snapshot: deleting %s from %s: %w", key, s.where, err)
+		}
+		p.Objects++
+		return nil
+	}
+	var highest string
+	if len(ms) > 0 {
+		highest = ms[0].key
 	}
 	// The newest by the store's clock, not by offset (after the group's
 	// offsets were reset backwards, snapshots of higher offsets must age
 	// out rather than crowd out every new one) nor by the writer's clock
-	// (one worker's clock ahead would make its snapshots outlive all).
+	// (one worker's clock ahead would make its snapshots outlive all);
+	// but the highest offset's stays, so that a late upload of a lower
+	// offset never leaves only older states.
 	slices.SortStableFunc(ms, func(a, b Manifest) int { return b.stored.Compare(a.stored) })
 	named := map[string]bool{}
 	for i, m := range ms {
-		if i < keep {
+		if i < keep || m.key == highest {
 			named[m.Object] = true
 			continue
 		}
 		// The manifest first: a snapshot without its manifest does not
 		// exist, and then nothing names its object.
 		for _, key := range []string{m.key, m.Object} {
-			if err := s.b.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
-				return deleted, fmt.Errorf("snapshot: deleting %s from %s: %w", key, s.where, err)
+			if err := del(key); err != nil {
+				return p, err
 			}
-			deleted++
 		}
 	}
-	if len(skipped) > 0 {
-		// A manifest that could not be read may name any object: delete
-		// none that no manifest names this time.
-		return deleted, nil
+	mayNameAny := false
+	for _, b := range bad {
+		switch {
+		case b.newer != "":
+			named[b.newer] = true
+		case b.corrupt && time.Since(b.stored) >= grace:
+			if err := del(b.key); err != nil {
+				return p, err
+			}
+			p.Unreadable = append(p.Unreadable, b.key)
+		default:
+			mayNameAny = true
+		}
+	}
+	if mayNameAny {
+		return p, nil
 	}
 	objs, err := s.list(ctx, dir(tp)+"data/")
 	if err != nil {
-		return deleted, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
+		return p, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
 	}
 	for _, obj := range objs {
 		if named[obj.Key] || obj.IsDir || time.Since(obj.ModTime) < grace || path.Ext(obj.Key) != ".kds" {
 			continue
 		}
-		if err := s.b.Delete(ctx, obj.Key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
-			return deleted, fmt.Errorf("snapshot: deleting %s from %s: %w", obj.Key, s.where, err)
+		if err := del(obj.Key); err != nil {
+			return p, err
 		}
-		deleted++
 	}
-	return deleted, nil
+	return p, nil
 }
 
 // list returns the objects under prefix. Another worker may delete one
@@ -539,8 +730,9 @@ func (s *Store) Partitions(ctx context.Context) ([]store.TopicPartition, error) 
 }
 
 // Verify reads the whole snapshot m names and checks it against its
-// manifest (size, SHA-256, structure), returning the image's metadata and
-// checkpoint; ErrCorrupt (wrapped) when it is not exactly the manifest's.
+// manifest (size and SHA-256 before decoding anything, then structure, as
+// Load does), returning the image's metadata and checkpoint; ErrCorrupt
+// (wrapped) when it is not exactly the manifest's.
 func (s *Store) Verify(ctx context.Context, m Manifest) (store.Image, error) {
 	var img store.Image
 	err := s.Load(ctx, m, func(i store.Image, pages func(put func(filter.PageID, []byte) error) error) error {

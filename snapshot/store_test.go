@@ -36,7 +36,7 @@ type source struct {
 
 func newSource(seed uint64, n int, offset int64) *source {
 	rng := rand.New(rand.NewPCG(seed, seed))
-	s := &source{img: store.Image{Meta: []byte(fmt.Sprintf("meta of %d", seed)), Checkpoint: store.Checkpoint{Offset: offset, LeaderEpoch: 3}, PageBytes: pb},
+	s := &source{img: store.Image{Meta: sourceMeta(seed, n), Checkpoint: store.Checkpoint{Offset: offset, LeaderEpoch: 3}, PageBytes: pb},
 		pages: map[filter.PageID][]byte{}}
 	for i := range n {
 		id := filter.PageID{SubFilter: uint32(i / 64), Page: uint32(i % 64)}
@@ -48,6 +48,19 @@ func newSource(seed uint64, n int, offset int64) *source {
 		s.order = append(s.order, id)
 	}
 	return s
+}
+
+// sourceMeta is the chain metadata of newSource's pages: sub-filters of
+// 64 pages, as many as n pages fill; seed is its watermark, so that the
+// metadata of different sources differ.
+func sourceMeta(seed uint64, n int) []byte {
+	m := filter.Meta{FormatVersion: filter.FormatVersion, HashID: filter.HashSipHash24,
+		Params: filter.Params{FingerprintBits: 16, PageBytes: pb}.WithDefaults(), Watermark: int64(seed), Seed: filter.Seed{K0: seed, K1: 1}}
+	for id := range uint32((n + 63) / 64) {
+		m.SubFilters = append(m.SubFilters, filter.SubFilter{ID: id, Pages: 64, FingerprintBits: 16})
+		m.NextID = id + 1
+	}
+	return m.Marshal()
 }
 
 func (s *source) export(header func(store.Image) error, page func(filter.PageID, []byte) error) (bool, error) {
@@ -64,8 +77,12 @@ func (s *source) export(header func(store.Image) error, page func(filter.PageID,
 
 // load reads m back into a model.
 func load(st *Store, m Manifest) (*source, error) {
+	return loadCtx(context.Background(), st, m)
+}
+
+func loadCtx(ctx context.Context, st *Store, m Manifest) (*source, error) {
 	got := &source{pages: map[filter.PageID][]byte{}}
-	err := st.Load(context.Background(), m, func(img store.Image, pages func(func(filter.PageID, []byte) error) error) error {
+	err := st.Load(ctx, m, func(img store.Image, pages func(func(filter.PageID, []byte) error) error) error {
 		got.img = img
 		return pages(func(id filter.PageID, b []byte) error {
 			if _, dup := got.pages[id]; dup {
@@ -202,8 +219,9 @@ func TestLoadRefusesDamage(t *testing.T) {
 	}
 }
 
-// TestListSkipsBadManifests: a manifest that does not parse, or names
-// another topic-partition's object, is skipped and reported.
+// TestListSkipsBadManifests: a manifest that does not parse, names
+// another topic-partition's object, or is larger than maxManifestBytes
+// (however valid) is skipped and reported as ErrCorrupt.
 func TestListSkipsBadManifests(t *testing.T) {
 	st, dir := openStore(t)
 	ctx := context.Background()
@@ -218,12 +236,26 @@ func TestListSkipsBadManifests(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mdir, "00000000000000000098-y.json"), []byte(`{"format":1,"topic":"events","partition":2,"offset":98,"object":"other/0/data/x.kds"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A valid manifest, padded past the 64 KiB bound: refused unread.
+	body, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(m.Key())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body = append(body, bytes.Repeat([]byte(" "), maxManifestBytes)...)
+	if err := os.WriteFile(filepath.Join(mdir, "00000000000000000097-z.json"), body, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	ms, skipped, err := st.List(ctx, tp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ms) != 1 || ms[0].Key() != m.Key() || len(skipped) != 2 {
-		t.Fatalf("List = %v, skipped %v; want only %s and two skipped", ms, skipped, m.Key())
+	if len(ms) != 1 || ms[0].Key() != m.Key() || len(skipped) != 3 {
+		t.Fatalf("List = %v, skipped %v; want only %s and three skipped", ms, skipped, m.Key())
+	}
+	for _, e := range skipped {
+		if !errors.Is(e, ErrCorrupt) {
+			t.Errorf("skipped %v, want ErrCorrupt", e)
+		}
 	}
 }
 

@@ -117,7 +117,13 @@ func (db *DB) Export(tp TopicPartition, header func(Image) error, page func(id f
 
 // Import replaces the whole state of p, committed or not, by an image: the
 // pages pages yields (each PageBytes long, in any order, each page once;
-// pages absent are zeros) and then img's metadata and checkpoint. The
+// pages absent are zeros) and then img's metadata and checkpoint. Every
+// page must be one of the metadata's (filter.Meta.HasPage: a live
+// sub-filter's, below its page count), and there can be no more of them
+// than the metadata has pages: an image that is not its metadata's (a
+// damaged or crafted snapshot, whose pages for a sub-filter not yet made
+// would become that sub-filter's content when the chain grows) is refused
+// at its first page that is not, before that page is written. The
 // replacement is atomic for readers of the store: until its last write
 // the partition's state is marked as being imported, and a PartitionState
 // opened on a marked state (a crash in the middle) deletes it and starts
@@ -126,10 +132,11 @@ func (db *DB) Export(tp TopicPartition, header func(Image) error, page func(id f
 // An error from pages (returned wrapped) or from Badger ends the import
 // without its last write; what it wrote is deleted with the marker, so p
 // has no state (Checkpoint reports none); if that deletion fails too the
-// marker stays and the next Import or open deletes the rest. ErrReadOnly
+// marker stays and the next Import or open deletes the rest. A page not
+// of the metadata is such an error (ErrCorrupt, wrapped). ErrReadOnly
 // on a read-only DB, a lack of free space, and an image of another page
-// size (ErrCorrupt, wrapped) are refused before anything is written: p
-// keeps its state. Like every PartitionState method, Import is not safe for
+// size or whose metadata does not decode (filter.DecodeMeta; ErrCorrupt,
+// wrapped) are refused before anything is written: p keeps its state. Like every PartitionState method, Import is not safe for
 // concurrent use with p's other methods.
 func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID, data []byte) error) error) error {
 	if p.db.opts.ReadOnly {
@@ -137,6 +144,10 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 	}
 	if img.PageBytes != p.db.opts.PageBytes {
 		return fmt.Errorf("store: importing %s: image of %d-byte pages into a store of %d-byte pages: %w", p.tp, img.PageBytes, p.db.opts.PageBytes, ErrCorrupt)
+	}
+	meta, err := filter.DecodeMeta(img.Meta)
+	if err != nil {
+		return fmt.Errorf("store: importing %s: the image's metadata: %w: %w", p.tp, err, ErrCorrupt)
 	}
 	if err := p.db.checkFreeSpaceBut(p.reservation.Bytes()); err != nil {
 		return fmt.Errorf("store: importing %s: %w", p.tp, err)
@@ -184,19 +195,25 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 	}
 	var warmed []warm
 	warmMax := p.db.cachePages() / 2
-	imported := 0
-	err := pages(func(id filter.PageID, data []byte) error {
+	var n, most uint64 = 0, meta.TotalPages()
+	err = pages(func(id filter.PageID, data []byte) error {
 		// The free space again every so often: the image may be
 		// larger than its reservation said, or something else fills
 		// the volume meanwhile; stopping here keeps Badger's writes
 		// off a full volume (a SIGBUS).
-		if imported++; imported%importSpaceCheckPages == 0 {
+		if (n+1)%importSpaceCheckPages == 0 {
 			if err := p.db.checkFreeSpaceBut(p.reservation.Bytes()); err != nil {
 				return err
 			}
 		}
 		if len(data) != pb {
 			return fmt.Errorf("%s is %d bytes, want %d: %w", fmtPageID(id), len(data), pb, ErrCorrupt)
+		}
+		if !meta.HasPage(id) {
+			return fmt.Errorf("%s is not a page of the image's metadata (no such live sub-filter, or past its page count): %w", fmtPageID(id), ErrCorrupt)
+		}
+		if n++; n > most {
+			return fmt.Errorf("more pages than the %d of the image's metadata: %w", most, ErrCorrupt)
 		}
 		v := make([]byte, pageBaseHeader+pb) // base sequence 0: no delta folded in
 		copy(v[pageBaseHeader:], data)

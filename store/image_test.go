@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 
@@ -18,6 +19,19 @@ import (
 type exported struct {
 	img   Image
 	pages map[filter.PageID][]byte
+}
+
+// chainMeta is chain metadata (filter.Meta) of fixed 16-bit fingerprints
+// whose sub-filters have the given IDs, each of pages pages; stamp is its
+// watermark, so that metadata of different write batches differ.
+func chainMeta(pageBytes int, stamp int64, pages uint64, ids ...uint32) []byte {
+	m := filter.Meta{FormatVersion: filter.FormatVersion, HashID: filter.HashSipHash24,
+		Params: filter.Params{FingerprintBits: 16, PageBytes: pageBytes}.WithDefaults(), Watermark: stamp, Seed: filter.Seed{K0: 1, K1: 2}}
+	for _, id := range ids {
+		m.SubFilters = append(m.SubFilters, filter.SubFilter{ID: id, Pages: pages, FingerprintBits: 16})
+		m.NextID = max(m.NextID, id+1)
+	}
+	return m.Marshal()
 }
 
 func export(t testing.TB, db *DB, tp TopicPartition) (exported, bool) {
@@ -83,7 +97,10 @@ func TestExportImportAgainstModel(t *testing.T) {
 			}
 			m.dirty[id] = append([]byte{}, page...)
 		}
-		meta := []byte(fmt.Sprintf("meta %d", batch))
+		meta := chainMeta(pb, int64(batch), 16, 0, 1, 2, 3)
+		if batch >= 40 {
+			meta = chainMeta(pb, int64(batch), 16, 0, 1, 3) // sub-filter 2 dropped
+		}
 		cp := Checkpoint{Offset: int64(100 * batch), LeaderEpoch: int32(batch % 3)}
 		if batch == 40 {
 			p.Drop(2)
@@ -216,7 +233,7 @@ func TestInterruptedImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	cut := errors.New("source gone")
-	err = p.Import(Image{Meta: []byte("new"), Checkpoint: Checkpoint{Offset: 90}, PageBytes: pb}, func(put func(filter.PageID, []byte) error) error {
+	err = p.Import(Image{Meta: chainMeta(pb, 0, 8, 0, 1), Checkpoint: Checkpoint{Offset: 90}, PageBytes: pb}, func(put func(filter.PageID, []byte) error) error {
 		for _, id := range ids[:5] {
 			if err := put(id, pageBytes(pb, id, 2)); err != nil {
 				return err
@@ -343,5 +360,84 @@ func TestExportIsOneWriteBatch(t *testing.T) {
 				t.Fatalf("image at checkpoint %d: %v is of another write batch", e.img.Checkpoint.Offset, id)
 			}
 		}
+	}
+}
+
+// TestImportRefusesPagesNotOfItsMetadata imports images whose pages are
+// not all their metadata's (sub-filters 0, 1 and 3 of 8 pages each): a
+// page of a dropped or a future sub-filter, one past its sub-filter's
+// page count, more pages than the metadata has. Each is refused as
+// ErrCorrupt before the page is written, and what the import wrote
+// before it is deleted: the partition has no state and no key left in
+// Badger, also after reopening. Metadata that does not decode is refused
+// before anything is written: the partition keeps its state.
+func TestImportRefusesPagesNotOfItsMetadata(t *testing.T) {
+	const pb = 128
+	opts := Options{Dir: t.TempDir(), PageBytes: pb, FlushBytes: smallFlush}
+	db := openT(t, opts)
+	meta := chainMeta(pb, 0, 8, 0, 1, 3)
+	var good []filter.PageID
+	for _, sub := range []uint32{0, 1, 3} {
+		for pg := range uint32(8) {
+			good = append(good, filter.PageID{SubFilter: sub, Page: pg})
+		}
+	}
+	for i, tc := range []struct {
+		name  string
+		meta  []byte
+		pages []filter.PageID // put in this order
+		want  string
+		keeps bool // refused before anything was written
+	}{
+		{"dropped sub-filter", meta, append(good[:5:5], filter.PageID{SubFilter: 2}), "not a page of the image's metadata", false},
+		{"future sub-filter", meta, append(good[:5:5], filter.PageID{SubFilter: 4, Page: 1}), "not a page of the image's metadata", false},
+		{"past the page count", meta, append(good[:5:5], filter.PageID{SubFilter: 1, Page: 8}), "not a page of the image's metadata", false},
+		{"more pages than the metadata", meta, append(append([]filter.PageID{}, good...), good[0]), "more pages than the 24", false},
+		{"metadata that does not decode", []byte("not metadata"), good[:1], "metadata", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := partitionT(t, db, "events", int32(i))
+			old := filter.PageID{SubFilter: 0, Page: 1}
+			write(t, p, old, pageBytes(pb, old, 1))
+			if err := p.Commit(meta, Checkpoint{Offset: 50}); err != nil {
+				t.Fatal(err)
+			}
+			written := map[filter.PageID]bool{}
+			err := p.Import(Image{Meta: tc.meta, Checkpoint: Checkpoint{Offset: 90}, PageBytes: pb}, func(put func(filter.PageID, []byte) error) error {
+				for _, id := range tc.pages {
+					if err := put(id, pageBytes(pb, id, 2)); err != nil {
+						return err
+					}
+					written[id] = true
+				}
+				return nil
+			})
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Import = %v, want ErrCorrupt saying %q", err, tc.want)
+			}
+			if last := tc.pages[len(tc.pages)-1]; written[last] && !tc.keeps && last != good[0] {
+				t.Fatalf("put accepted %v", last)
+			}
+			if tc.keeps {
+				if cp, ok := p.Checkpoint(); !ok || cp.Offset != 50 || !bytes.Equal(mustPage(t, p, old), pageBytes(pb, old, 1)) {
+					t.Fatalf("state after a refused import: checkpoint %+v %t; want the old state kept", cp, ok)
+				}
+				return
+			}
+			if _, ok := p.Checkpoint(); ok || p.Meta() != nil {
+				t.Fatal("state after a refused import")
+			}
+			prefix := partitionPrefix("events", int32(i))
+			if err := db.bdb.View(func(txn *badger.Txn) error {
+				it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+				defer it.Close()
+				for it.Rewind(); it.Valid(); it.Next() {
+					return fmt.Errorf("key %x left by a refused import", it.Item().Key())
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -62,7 +62,7 @@ func TestOriginTravelsWithState(t *testing.T) {
 	for _, id := range ids {
 		write(t, p, id, pageBytes(pb, id, 1))
 	}
-	if err := p.Commit([]byte("meta"), Checkpoint{Offset: 42, LeaderEpoch: 1}); err != nil {
+	if err := p.Commit(chainMeta(pb, 1, 4, 0, 1), Checkpoint{Offset: 42, LeaderEpoch: 1}); err != nil {
 		t.Fatal(err)
 	}
 	other, err := db.Partition("events", 1)

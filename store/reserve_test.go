@@ -70,7 +70,7 @@ func TestReserveSpace(t *testing.T) {
 	if _, err := q.ReserveSpace(restore); err != nil {
 		t.Fatal(err)
 	}
-	src := &exported{img: Image{Meta: []byte("meta"), Checkpoint: Checkpoint{Offset: 9}, PageBytes: pb}, pages: map[filter.PageID][]byte{}}
+	src := &exported{img: Image{Meta: chainMeta(pb, 1, 3*importSpaceCheckPages, 0), Checkpoint: Checkpoint{Offset: 9}, PageBytes: pb}, pages: map[filter.PageID][]byte{}}
 	for i := range 3 * importSpaceCheckPages {
 		id := filter.PageID{Page: uint32(i)}
 		src.pages[id] = pageBytes(pb, id, 2)

@@ -1,0 +1,83 @@
+package filter
+
+import (
+	"reflect"
+	"testing"
+	"time"
+)
+
+// askedPager is a MemPager that records every page the chain asks
+// for.
+type askedPager struct {
+	*MemPager
+	asked map[PageID]bool
+}
+
+func (r *askedPager) Page(id PageID) ([]byte, error) {
+	r.asked[id] = true
+	return r.MemPager.Page(id)
+}
+
+// TestMetaHasPage builds a windowed chain that grows and drops
+// generations, then checks HasPage and TotalPages against its
+// sub-filters: every page the chain asked for since the last drop is one
+// HasPage accepts, a dropped sub-filter's pages, a page past a sub-filter's
+// count and a sub-filter not yet made are not, and Marshal round-trips.
+func TestMetaHasPage(t *testing.T) {
+	p := Params{FingerprintBits: 16, Capacity: 512, PageBytes: 512, Window: 4 * time.Second, Generations: 2}
+	pager := &askedPager{MemPager: NewMemPager(512), asked: map[PageID]bool{}}
+	c, err := NewWithSeed(p, testSeed, pager)
+	if err != nil {
+		t.Fatal(err)
+	}
+	span := p.WithDefaults().SpanMillis()
+	for i := range 20000 {
+		ts := int64(i/2000) * span // ten generations, 2000 keys each
+		if c.Advance(ts) > 0 {
+			clear(pager.asked) // the dropped sub-filters' pages are no longer the chain's
+		}
+		if _, err := c.InsertAt(key("k", i), ts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := DecodeMeta(c.MarshalMeta())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.SubFilters[0].ID == 0 || len(m.SubFilters) < 2 {
+		t.Fatalf("sub-filters %+v: the test needs dropped and grown ones", m.SubFilters)
+	}
+	var total uint64
+	for _, s := range c.SubFilters() {
+		total += s.Pages
+	}
+	if m.TotalPages() != total {
+		t.Fatalf("TotalPages = %d, want %d", m.TotalPages(), total)
+	}
+	for id := range pager.asked {
+		if !m.HasPage(id) {
+			t.Fatalf("the chain asked for %+v, HasPage says it is not the chain's", id)
+		}
+	}
+	first, last := m.SubFilters[0], m.SubFilters[len(m.SubFilters)-1]
+	for _, tc := range []struct {
+		name string
+		id   PageID
+		want bool
+	}{
+		{"first page of the oldest live sub-filter", PageID{SubFilter: first.ID}, true},
+		{"last page of the newest", PageID{SubFilter: last.ID, Page: uint32(last.Pages - 1)}, true},
+		{"past the newest's count", PageID{SubFilter: last.ID, Page: uint32(last.Pages)}, false},
+		{"a dropped sub-filter", PageID{SubFilter: first.ID - 1}, false},
+		{"the next sub-filter ID", PageID{SubFilter: m.NextID}, false},
+		{"far past every count", PageID{SubFilter: first.ID, Page: 1<<32 - 1}, false},
+	} {
+		if got := m.HasPage(tc.id); got != tc.want {
+			t.Errorf("%s: HasPage(%+v) = %t, want %t", tc.name, tc.id, got, tc.want)
+		}
+	}
+	again, err := DecodeMeta(m.Marshal())
+	if err != nil || !reflect.DeepEqual(again, m) {
+		t.Fatalf("DecodeMeta(Marshal()) = %+v, %v; want %+v", again, err, m)
+	}
+}
