@@ -95,6 +95,7 @@ type snapshotMetrics struct {
 	restores       *prometheus.CounterVec
 	restoreSeconds prometheus.Histogram
 	restoreFailed  prometheus.Counter
+	restoreNoSpace prometheus.Counter
 	storeErrors    *prometheus.CounterVec
 }
 
@@ -113,6 +114,8 @@ func newSnapshotter(w *Worker, reg prometheus.Registerer) *snapshotter {
 			Help: "Time to download and load a snapshot into the local state (the gap replay after it not included).", Buckets: prometheus.ExponentialBuckets(0.01, 3, 10)}),
 		restoreFailed: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_snapshot_restore_failures_total",
 			Help: "Snapshots that could not be restored (damaged, missing, or written with other parameters); an older snapshot or a replay was used instead."}),
+		restoreNoSpace: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_snapshot_restore_no_space_total",
+			Help: "Snapshots not restored because their download and state did not fit on the data volume beside the write batches' reserve and the other restores running; an older snapshot or a replay was used instead."}),
 		storeErrors: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_snapshot_store_errors_total",
 			Help: "Requests of a restore that the snapshot store failed, by operation (list: a partition's snapshots; fetch: a download); each is asked again after a growing wait while the partition waits."}, []string{"op"}),
 	}}
@@ -212,10 +215,15 @@ func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why strin
 	// Objects no manifest names are left an hour, or ten intervals: an
 	// upload in progress, maybe another worker's during a rebalance.
 	grace := max(time.Hour, 10*s.w.opts.SnapshotInterval)
-	if n, err := s.st.Prune(ctx, tp, s.w.opts.SnapshotKeep, grace); err != nil {
+	pr, err := s.st.PruneReport(ctx, tp, s.w.opts.SnapshotKeep, grace)
+	if err != nil {
 		s.w.log.Warn("deleting old snapshots failed; retried after the next upload", "topic", pw.topic, "partition", pw.partition, "err", err)
-	} else if n > 0 {
-		s.w.log.Debug("old snapshots deleted", "topic", pw.topic, "partition", pw.partition, "objects", n)
+	}
+	for _, key := range pr.Unreadable {
+		s.w.log.Warn("deleted a damaged snapshot manifest older than the grace period", "topic", pw.topic, "partition", pw.partition, "manifest", key, "grace", grace)
+	}
+	if pr.Objects > 0 {
+		s.w.log.Debug("old snapshots deleted", "topic", pw.topic, "partition", pw.partition, "objects", pr.Objects)
 	}
 }
 
@@ -296,22 +304,33 @@ func retryWait(ctx context.Context, attempt int) bool {
 	}
 }
 
-// candidates lists the snapshots pw may restore from instead of replaying
-// up to until: those of the plan's origin (or recording none), at or below
-// until and past from (the local checkpoint, -1 without local state), by
-// more than snapshotMinSkip with local state; newest first. A snapshot of
-// another topic ID or cluster is logged at ERROR and counted
-// (kdedup_foreign_states_total{source="snapshot"}).
-//
-// A store that fails the listing is asked again after a growing wait
-// (snapshotRetryMin to snapshotRetryMax), the partition waiting meanwhile.
-// After snapshotQuickAttempts failures the partition gives up on the store
-// (none, counted as a restore failure) only when what it does without a
-// snapshot loses nothing: a replay whose whole input is retained.
-// Otherwise (the replay would be partial, or KDEDUP_REBUILD=empty would
-// start empty) it waits for the store until it answers or ctx ends
-// (stopped): a transient error never costs the filter keys.
-func (s *snapshotter) candidates(ctx context.Context, group *kgo.Client, pw *partitionWorker, plan *snapshotPlan, from, until int64) (ms []snapshot.Manifest, stopped bool) {
+// storeAttempt decides what a restore does after the store failed a
+// request (attempt counts from 0): ask again after a growing wait
+// (snapshotRetryMin to snapshotRetryMax), the partition waiting meanwhile,
+// or, after snapshotQuickAttempts failures, give up on snapshots (giveUp)
+// when what the partition does without one loses nothing: a replay whose
+// whole input is retained. Otherwise (the replay would be partial, or
+// KDEDUP_REBUILD=empty would start empty) it waits for the store until it
+// answers or ctx ends (stopped): a transient error never costs the filter
+// keys. what names the request in the log.
+func (pw *partitionWorker) storeAttempt(ctx context.Context, group *kgo.Client, plan *snapshotPlan, local, until int64, attempt int, what string, err error) (giveUp, stopped bool) {
+	s := pw.w.snaps
+	if attempt+1 >= snapshotQuickAttempts && pw.replayLosesNothing(ctx, group, plan, local, until) {
+		s.m.restoreFailed.Inc()
+		pw.w.log.Warn("the snapshot store fails to "+what+"; replaying instead (the partition's whole input is retained)", "topic", pw.topic, "partition", pw.partition,
+			"attempts", attempt+1, "err", err)
+		return true, false
+	}
+	pw.w.log.Warn("the snapshot store fails to "+what+"; asking again, the partition waits", "topic", pw.topic, "partition", pw.partition,
+		"attempt", attempt+1, "err", err)
+	return false, !retryWait(ctx, attempt)
+}
+
+// newest lists pw's snapshots (snapshot.Store.Newest; at most
+// snapshotListParallelism listings at once), asking again while the store
+// fails (storeAttempt): nil when the partition gives up on snapshots.
+func (pw *partitionWorker) newest(ctx context.Context, group *kgo.Client, plan *snapshotPlan, local, until int64) (l *snapshot.Listing, stopped bool) {
+	s := pw.w.snaps
 	tp := store.TopicPartition{Topic: pw.topic, Partition: pw.partition}
 	for attempt := 0; ; attempt++ {
 		select {
@@ -320,35 +339,24 @@ func (s *snapshotter) candidates(ctx context.Context, group *kgo.Client, pw *par
 			return nil, true
 		}
 		lctx, cancel := context.WithTimeout(ctx, snapshotListTimeout)
-		all, skipped, err := s.st.List(lctx, tp)
+		l, err := s.st.Newest(lctx, tp)
 		cancel()
 		<-s.listing
 		if ctx.Err() != nil {
 			return nil, true
 		}
 		if err == nil {
-			for _, e := range skipped {
-				s.w.log.Warn("snapshot manifest skipped", "topic", pw.topic, "partition", pw.partition, "err", e)
-			}
-			return s.usable(pw, plan, all, from, until), false
+			return l, false
 		}
 		s.m.storeErrors.WithLabelValues("list").Inc()
-		if attempt+1 >= snapshotQuickAttempts && pw.replayLosesNothing(ctx, group, plan, from, until) {
-			s.m.restoreFailed.Inc()
-			s.w.log.Warn("cannot list the partition's snapshots; replaying instead (its whole input is retained)", "topic", pw.topic, "partition", pw.partition,
-				"attempts", attempt+1, "err", err)
-			return nil, false
-		}
-		s.w.log.Warn("cannot list the partition's snapshots; asking again, the partition waits", "topic", pw.topic, "partition", pw.partition,
-			"attempt", attempt+1, "err", err)
-		if !retryWait(ctx, attempt) {
-			return nil, true
+		if giveUp, stopped := pw.storeAttempt(ctx, group, plan, local, until, attempt, "list the partition's snapshots", err); giveUp || stopped {
+			return nil, stopped
 		}
 	}
 }
 
-// snapshotQuickAttempts is how many failed listings a partition whose
-// replay would lose nothing tries before it replays (candidates).
+// snapshotQuickAttempts is how many failed requests a partition whose
+// replay would lose nothing tries before it replays (storeAttempt).
 const snapshotQuickAttempts = 3
 
 // replayLosesNothing reports whether the partition, without a snapshot,
@@ -370,23 +378,21 @@ func (pw *partitionWorker) replayLosesNothing(ctx context.Context, group *kgo.Cl
 	return err == nil && logStart <= from
 }
 
-// usable returns those of ms that candidates returns.
-func (s *snapshotter) usable(pw *partitionWorker, plan *snapshotPlan, ms []snapshot.Manifest, from, until int64) []snapshot.Manifest {
-	var out []snapshot.Manifest
-	for _, m := range ms {
-		if m.Origin().Differs(plan.origin) {
-			s.w.m.foreignStates.WithLabelValues("snapshot").Inc()
-			s.w.log.Error("not restoring a snapshot of another topic ID or cluster: the topic was deleted and created again, or the snapshot store and group name are shared with another cluster",
-				"topic", pw.topic, "partition", pw.partition, "snapshot", m.Key(), "offset", m.Offset,
-				"snapshot_topic_id", m.TopicID, "snapshot_cluster_id", m.ClusterID, "topic_id", plan.origin.TopicID, "cluster_id", plan.origin.ClusterID)
-			continue
-		}
-		if m.Offset > until || m.Offset <= from || (plan.hasLocal && m.Offset <= from+snapshotMinSkip) {
-			continue
-		}
-		out = append(out, m)
+// usable reports whether pw may restore m instead of replaying from local
+// (its checkpoint, -1 without local state) up to until: m is of the plan's
+// origin (or records none), at or below until and past local, by more
+// than snapshotMinSkip with local state. A snapshot of another topic ID or
+// cluster is logged at ERROR and counted
+// (kdedup_foreign_states_total{source="snapshot"}).
+func (s *snapshotter) usable(pw *partitionWorker, plan *snapshotPlan, m snapshot.Manifest, local, until int64) bool {
+	if m.Origin().Differs(plan.origin) {
+		s.w.m.foreignStates.WithLabelValues("snapshot").Inc()
+		s.w.log.Error("not restoring a snapshot of another topic ID or cluster: the topic was deleted and created again, or the snapshot store and group name are shared with another cluster",
+			"topic", pw.topic, "partition", pw.partition, "snapshot", m.Key(), "offset", m.Offset,
+			"snapshot_topic_id", m.TopicID, "snapshot_cluster_id", m.ClusterID, "topic_id", plan.origin.TopicID, "cluster_id", plan.origin.ClusterID)
+		return false
 	}
-	return out
+	return m.Offset <= until && m.Offset > local && (!plan.hasLocal || m.Offset > local+snapshotMinSkip)
 }
 
 // countRestore counts a partition's assignment by where its state comes
@@ -397,26 +403,28 @@ func (w *Worker) countRestore(source string) {
 	}
 }
 
-// restoreSnapshot loads the newest usable snapshot of the plan into the
-// partition's state and returns where the replay goes on: the snapshot's
-// offset, or, when no snapshot could be loaded, where the plan would have
-// replayed from without snapshots (with partial telling whether input
-// it needs is gone, counted and logged here if the plan did not). It runs
-// on the restore goroutine, which owns the deduplicator. stopped: ctx
-// ended first.
-func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Client, plan *snapshotPlan, until int64, partial bool) (from int64, nowPartial, stopped bool, err error) {
+// restoreFrom restores the snapshot m into pw's state: restored, or not
+// (m unusable: damaged, other parameters, no room for it on the data
+// volume; logged and counted, the caller tries an older one), or giveUp (the
+// store fails the download and the partition replays instead,
+// storeAttempt), stopped (ctx ended), or the local store's error.
+func (pw *partitionWorker) restoreFrom(ctx context.Context, group *kgo.Client, plan *snapshotPlan, m snapshot.Manifest, local, until int64) (restored, giveUp, stopped bool, err error) {
 	w, s := pw.w, pw.w.snaps
-	local := int64(-1)
-	if cp, ok := pw.dedup.Checkpoint(); ok && plan.hasLocal {
-		local = cp.Offset
-	}
-	ms, stopped := s.candidates(ctx, group, pw, plan, local, until)
-	if stopped {
-		return 0, partial, true, nil
-	}
-	for i, attempt := 0, 0; i < len(ms); {
-		m := ms[i]
+	for attempt := 0; ; attempt++ {
 		start := time.Now()
+		// The download and the state it imports fit on the data
+		// volume beside every other restore's, or this snapshot is not
+		// tried: a full volume is a SIGBUS under Badger.
+		r, err := pw.dedup.ReserveSpace(m.RestoreBytes())
+		if errors.Is(err, store.ErrDiskFull) {
+			s.m.restoreNoSpace.Inc()
+			w.log.Warn("no room on the data volume to restore a snapshot; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition,
+				"snapshot", m.Key(), "bytes_needed", m.RestoreBytes(), "err", err)
+			return false, false, false, nil
+		}
+		if err != nil {
+			return false, false, false, err
+		}
 		// Downloaded and checked before anything local changes: a
 		// snapshot that fails here leaves the local state as it was.
 		f, err := s.st.Fetch(ctx, m, w.opts.Dedup.StateDir())
@@ -427,8 +435,9 @@ func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Clien
 			})
 			f.Close()
 		}
+		r.Release()
 		if ctx.Err() != nil {
-			return 0, partial, true, nil
+			return false, false, true, nil
 		}
 		if err == nil {
 			d := time.Since(start)
@@ -439,31 +448,86 @@ func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Clien
 			s.m.restoreSeconds.Observe(d.Seconds())
 			w.log.Info("restored from a snapshot; replaying the input after it", "topic", pw.topic, "partition", pw.partition,
 				"offset", m.Offset, "group_offset", until, "bytes", m.Bytes, "state_bytes", m.StateBytes(), "duration", d.Round(time.Millisecond), "snapshot", m.Key())
-			return m.Offset, partial, false, nil
+			return true, false, false, nil
 		}
 		switch {
 		case f != nil && !errors.Is(err, snapshot.ErrCorrupt) && !errors.Is(err, dedup.ErrSnapshotParams):
 			// Fetched and checked, then the local store failed while
 			// loading it: a storage error stops the partition.
-			return 0, partial, false, err
+			return false, false, false, err
 		case f == nil && !errors.Is(err, snapshot.ErrCorrupt):
-			// The store failed the download: the same snapshot again,
-			// after a wait, the partition waiting meanwhile, unless a
-			// replay would lose nothing (as candidates decides).
+			// The store failed the download: the same snapshot again.
 			s.m.storeErrors.WithLabelValues("fetch").Inc()
-			if attempt+1 < snapshotQuickAttempts || !pw.replayLosesNothing(ctx, group, plan, local, until) {
-				w.log.Warn("cannot download a snapshot; asking again, the partition waits", "topic", pw.topic, "partition", pw.partition,
-					"snapshot", m.Key(), "attempt", attempt+1, "err", err)
-				if !retryWait(ctx, attempt) {
-					return 0, partial, true, nil
-				}
-				attempt++
-				continue
+			giveUp, stopped := pw.storeAttempt(ctx, group, plan, local, until, attempt, "serve a snapshot", err)
+			if giveUp || stopped {
+				return false, giveUp, stopped, nil
 			}
+			continue
 		}
 		s.m.restoreFailed.Inc()
 		w.log.Warn("snapshot unusable; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition, "snapshot", m.Key(), "offset", m.Offset, "err", err)
-		i, attempt = i+1, 0
+		return false, false, false, nil
+	}
+}
+
+// restoreSnapshot loads the newest usable snapshot of the plan into the
+// partition's state and returns where the replay goes on: the snapshot's
+// offset, or, when no snapshot could be loaded, where the plan would have
+// replayed from without snapshots (with partial telling whether input
+// it needs is gone, counted and logged here if the plan did not). It reads
+// the partition's manifests newest first (by the offset in their names),
+// each within snapshotListTimeout, and stops at the first it restores. It
+// runs on the restore goroutine, which owns the deduplicator. stopped: ctx
+// ended first.
+func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Client, plan *snapshotPlan, until int64, partial bool) (from int64, nowPartial, stopped bool, err error) {
+	w, s := pw.w, pw.w.snaps
+	local := int64(-1)
+	if cp, ok := pw.dedup.Checkpoint(); ok && plan.hasLocal {
+		local = cp.Offset
+	}
+	l, stopped := pw.newest(ctx, group, plan, local, until)
+	if stopped {
+		return 0, partial, true, nil
+	}
+	for attempt := 0; l != nil; {
+		m, ok, skipped, err := l.Next(ctx, snapshotListTimeout)
+		if ctx.Err() != nil {
+			return 0, partial, true, nil
+		}
+		if err != nil {
+			s.m.storeErrors.WithLabelValues("list").Inc()
+			giveUp, stopped := pw.storeAttempt(ctx, group, plan, local, until, attempt, "read a manifest", err)
+			if stopped {
+				return 0, partial, true, nil
+			}
+			if giveUp {
+				break
+			}
+			attempt++
+			continue
+		}
+		attempt = 0
+		if skipped != nil {
+			w.log.Warn("snapshot manifest skipped", "topic", pw.topic, "partition", pw.partition, "err", skipped)
+			continue
+		}
+		if !ok {
+			break
+		}
+		if !s.usable(pw, plan, m, local, until) {
+			continue
+		}
+		restored, giveUp, stopped, err := pw.restoreFrom(ctx, group, plan, m, local, until)
+		switch {
+		case stopped:
+			return 0, partial, true, nil
+		case err != nil:
+			return 0, partial, false, err
+		case restored:
+			return m.Offset, partial, false, nil
+		case giveUp:
+			l = nil
+		}
 	}
 	w.countRestore("replay")
 	if cp, ok := pw.dedup.Checkpoint(); ok && plan.hasLocal {

@@ -321,22 +321,11 @@ func (s *Store) manifests(ctx context.Context, tp store.TopicPartition) (ms []Ma
 			bad = append(bad, skip)
 			continue
 		}
-		var m Manifest
-		if err := json.Unmarshal(body, &m); err != nil {
-			skip.err = fmt.Errorf("%w: manifest %s: %w", ErrCorrupt, obj.Key, err)
+		m, skip, ok := parseManifest(tp, obj, body, skip)
+		if !ok {
 			bad = append(bad, skip)
 			continue
 		}
-		inDir := strings.HasPrefix(m.Object, dir(tp)+"data/")
-		if m.Format != FormatVersion || m.TopicPartition() != tp || !inDir {
-			skip.err = fmt.Errorf("%w: manifest %s: format %d of %s, want format %d of %s", ErrCorrupt, obj.Key, m.Format, m.TopicPartition(), FormatVersion, tp)
-			if m.Format > FormatVersion && m.TopicPartition() == tp && inDir {
-				skip.newer = m.Object
-			}
-			bad = append(bad, skip)
-			continue
-		}
-		m.key, m.stored = obj.Key, obj.ModTime
 		ms = append(ms, m)
 	}
 	slices.SortFunc(ms, func(a, b Manifest) int {
@@ -346,6 +335,100 @@ func (s *Store) manifests(ctx context.Context, tp store.TopicPartition) (ms []Ma
 		return b.Created.Compare(a.Created)
 	})
 	return ms, bad, nil
+}
+
+// parseManifest parses body, the manifest obj of tp: ok false, with skip
+// filled in, when it is not a manifest of tp this build reads.
+func parseManifest(tp store.TopicPartition, obj *blob.ListObject, body []byte, skip badManifest) (Manifest, badManifest, bool) {
+	var m Manifest
+	if err := json.Unmarshal(body, &m); err != nil {
+		skip.err = fmt.Errorf("%w: manifest %s: %w", ErrCorrupt, obj.Key, err)
+		return m, skip, false
+	}
+	inDir := strings.HasPrefix(m.Object, dir(tp)+"data/")
+	if m.Format != FormatVersion || m.TopicPartition() != tp || !inDir {
+		skip.err = fmt.Errorf("%w: manifest %s: format %d of %s, want format %d of %s", ErrCorrupt, obj.Key, m.Format, m.TopicPartition(), FormatVersion, tp)
+		if m.Format > FormatVersion && m.TopicPartition() == tp && inDir {
+			skip.newer = m.Object
+		}
+		return m, skip, false
+	}
+	m.key, m.stored = obj.Key, obj.ModTime
+	return m, skip, true
+}
+
+// Listing is the manifests of one topic-partition as one listing found
+// them, ordered by the offset in their names, highest first, not read yet:
+// Next reads them one at a time, so that a restore reads the newest first
+// and stops at the first it can use. Not safe for concurrent use.
+type Listing struct {
+	s    *Store
+	tp   store.TopicPartition
+	objs []*blob.ListObject
+}
+
+// Newest lists the manifests of tp (one listing of its manifest/
+// directory; no manifest is read). A manifest whose name holds no offset
+// comes after those that do. It returns the store's error when it cannot
+// be listed.
+func (s *Store) Newest(ctx context.Context, tp store.TopicPartition) (*Listing, error) {
+	objs, err := s.list(ctx, dir(tp)+"manifest/")
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: listing the snapshots of %s in %s: %w", tp, s.where, err)
+	}
+	objs = slices.DeleteFunc(objs, func(o *blob.ListObject) bool { return o.IsDir || !strings.HasSuffix(o.Key, ".json") })
+	offset := func(o *blob.ListObject) int64 {
+		name := path.Base(o.Key)
+		if i := strings.IndexByte(name, '-'); i > 0 {
+			if n, err := strconv.ParseInt(name[:i], 10, 64); err == nil {
+				return n
+			}
+		}
+		return -1
+	}
+	slices.SortStableFunc(objs, func(a, b *blob.ListObject) int {
+		if c := cmpInt(offset(b), offset(a)); c != 0 {
+			return c
+		}
+		return strings.Compare(b.Key, a.Key) // same offset: the later id first
+	})
+	return &Listing{s: s, tp: tp, objs: objs}, nil
+}
+
+// Next reads the next manifest, newest first, within perRead (0: ctx
+// alone). ok is false once every manifest was returned. skipped is a
+// manifest that is not one this build can use (damaged, larger than
+// maxManifestBytes, another format or topic-partition; ErrCorrupt,
+// wrapped): log it and call Next again. err is the store failing the read
+// (a manifest deleted since the listing is passed over silently); the
+// manifest stays next, so that the caller may retry it.
+func (l *Listing) Next(ctx context.Context, perRead time.Duration) (m Manifest, ok bool, skipped, err error) {
+	for len(l.objs) > 0 {
+		obj := l.objs[0]
+		rctx, cancel := ctx, context.CancelFunc(func() {})
+		if perRead > 0 {
+			rctx, cancel = context.WithTimeout(ctx, perRead)
+		}
+		body, err := l.s.readManifest(rctx, obj)
+		cancel()
+		switch {
+		case err != nil && gcerrors.Code(err) == gcerrors.NotFound:
+			l.objs = l.objs[1:]
+			continue
+		case err != nil && !errors.Is(err, ErrCorrupt):
+			return Manifest{}, false, nil, fmt.Errorf("snapshot: reading the manifest %s in %s: %w", obj.Key, l.s.where, err)
+		}
+		l.objs = l.objs[1:]
+		if err != nil {
+			return Manifest{}, false, err, nil
+		}
+		m, skip, ok := parseManifest(l.tp, obj, body, badManifest{key: obj.Key})
+		if !ok {
+			return Manifest{}, false, skip.err, nil
+		}
+		return m, true, nil, nil
+	}
+	return Manifest{}, false, nil, nil
 }
 
 // maxManifestBytes bounds the manifests List reads, in bytes: a manifest
