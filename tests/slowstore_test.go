@@ -21,13 +21,16 @@ import (
 )
 
 // storeProxy is a reverse proxy in front of an S3-compatible server on
-// loopback that delays every request by latency and, while hang is set,
-// holds every request that writes (PUT, POST, DELETE) until the client
-// gives up on it: a slow store, and one that stops answering writes.
+// loopback that delays every request by latency, answers every request
+// 503 until failTill, and, while hang is set, holds every request that
+// writes (PUT, POST, DELETE) until the client gives up on it: a slow
+// store, one that is down for a while, and one that stops answering
+// writes.
 type storeProxy struct {
 	addr     string
 	latency  atomic.Int64 // nanoseconds
 	hang     atomic.Bool
+	failTill atomic.Int64 // Unix nanoseconds: until then every request is answered 503
 	requests atomic.Int64
 	hung     atomic.Int64
 }
@@ -50,6 +53,12 @@ func newStoreProxy(t *testing.T, target string) *storeProxy {
 		select {
 		case <-time.After(time.Duration(sp.latency.Load())):
 		case <-r.Context().Done():
+			return
+		}
+		if time.Now().UnixNano() < sp.failTill.Load() {
+			w.Header().Set("Content-Type", "application/xml")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code><Message>test outage</Message></Error>`))
 			return
 		}
 		if sp.hang.Load() && r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -225,4 +234,34 @@ func TestStopWithHangingStore(t *testing.T) {
 		want, got := p.output(t, append(append([]*kgo.Record{}, part1...), part2...))
 		requireExact(t, want, got)
 	})
+}
+
+// TestSnapshotStoreDownDuringRestore: with KDEDUP_REBUILD=empty, a worker
+// with an empty disk takes two partitions while their snapshot store
+// answers every request 503 for its first 8 seconds. The partitions wait
+// for the store (the failures counted) and restore their snapshots once
+// it answers: repeats of part one's keys are dropped, as the exact model
+// of the whole input says. Before, one failed listing marked the store
+// down for 30 s and the partitions started with an empty filter,
+// forwarding every repeat.
+func TestSnapshotStoreDownDuringRestore(t *testing.T) {
+	srv := needsS3(t)
+	p := newPipeline(t, 2)
+	proxy := newStoreProxy(t, srv.Endpoint())
+	p.extraEnv = map[string]string{"KDEDUP_SNAPSHOT_INTERVAL": "1s", "KDEDUP_SNAPSHOT_URL": proxy.url(p.group), "KDEDUP_REBUILD": "empty"}
+	part1, part2 := twoParts()
+	p.runPart(t, t.TempDir(), part1)
+	p.feed(t, part2, len(part2), 0).wait(t)
+	proxy.failTill.Store(time.Now().Add(8 * time.Second).UnixNano())
+	w := p.startWorker(t, t.TempDir())
+	w.waitReplayed(t)
+	want, got := p.output(t, append(append([]*kgo.Record{}, part1...), part2...))
+	requireExact(t, want, got)
+	if n := w.metricWith(t, "kdedup_partition_restores_total", "source", "snapshot"); n != 2 {
+		t.Errorf("%.0f partitions restored from a snapshot, want 2", n)
+	}
+	if n := w.metricWith(t, "kdedup_snapshot_store_errors_total", "op", "list"); n < 1 {
+		t.Errorf("%.0f failed listings counted, want the outage's", n)
+	}
+	w.stop(t)
 }
