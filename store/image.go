@@ -170,6 +170,7 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 	// with the marker (or, if that fails too, when the partition is next
 	// opened), so that nothing reads a partial image as pages.
 	fail := func(err error) error {
+		p.dropCached() // the pages warmed so far are of no state
 		if cerr := p.finishInterruptedImport(); cerr != nil {
 			// The partial import stays (marked): a storage failure, whatever
 			// ended the import, so its cause is not wrapped.
@@ -183,18 +184,20 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 	}
 	wb := p.db.bdb.NewWriteBatch()
 	defer wb.Cancel()
+	// Badger's default lets a WriteBatch queue 16 transactions of up to
+	// MaxBatchSize each while its writes wait on memtable flushes; an
+	// import holds at most importPendingTxns (Options.ImportMemoryBytes).
+	wb.SetMaxPendingTxns(importPendingTxns)
 	pb := p.db.opts.PageBytes
-	// The first pages imported, up to half the page cache, enter it once
-	// the import commits: a restored partition goes on to replay its gap
-	// and decide, and reading back from Badger every page it just wrote
-	// made a replay after a restore five times slower than one over a warm
-	// cache.
-	type warm struct {
-		id   filter.PageID
-		data []byte
-	}
-	var warmed []warm
-	warmMax := p.db.cachePages() / 2
+	// The first pages imported, up to half the page cache, enter it as
+	// they are written: a restored partition goes on to replay its gap and
+	// decide, and reading back from Badger every page it just wrote made a
+	// replay after a restore five times slower than one over a warm cache.
+	// They go into the cache at once, within its bound, rather than into
+	// copies held until the commit (half the cache per import running,
+	// outside the memory budget); an import that fails drops them with the
+	// page table (fail).
+	warmed, warmMax := 0, p.db.cachePages()/2
 	var n, most uint64 = 0, meta.TotalPages()
 	err = pages(func(id filter.PageID, data []byte) error {
 		// The free space again every so often: the image may be
@@ -217,8 +220,9 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 		}
 		v := make([]byte, pageBaseHeader+pb) // base sequence 0: no delta folded in
 		copy(v[pageBaseHeader:], data)
-		if len(warmed) < warmMax {
-			warmed = append(warmed, warm{id, append([]byte(nil), data...)})
+		if warmed < warmMax {
+			warmed++
+			p.cache(id, &cachedPage{data: append([]byte(nil), data...)}) // stored as a base of sequence 0: the zero log
 		}
 		return wb.Set(pageKey(p.prefix, id), v)
 	})
@@ -245,9 +249,6 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 		return fail(fmt.Errorf("committing the image: %w", err))
 	}
 	p.meta, p.cp, p.hasCP, p.origin = append([]byte{}, img.Meta...), img.Checkpoint, true, img.Origin
-	for _, w := range warmed {
-		p.cache(w.id, &cachedPage{data: w.data}) // stored as a base of sequence 0: the zero log
-	}
 	return nil
 }
 

@@ -33,6 +33,20 @@ func (o Options) MemoryBytes() int64 {
 	return (numMemtables+1)*arena + blockCacheBytes + (badgerAllocatorPool+builderInFlight)*builder
 }
 
+// ImportMemoryBytes is the memory one PartitionState.Import holds besides
+// MemoryBytes and the page cache: the transactions its Badger WriteBatch
+// queues (importPendingTxns of up to Badger's MaxBatchSize each). Imports
+// running at once hold it each.
+func (o Options) ImportMemoryBytes() int64 {
+	o = o.withDefaults()
+	size, _ := batchLimits(o.PageBytes, o.FlushBytes)
+	return importPendingTxns * (15 * memTableBytes(size) / 100)
+}
+
+// importPendingTxns is how many transactions an Import's WriteBatch
+// queues at most (Badger's default is 16).
+const importPendingTxns = 2
+
 // badgerAllocatorPool is how many table builders' allocators Badger keeps
 // for reuse (z.NewAllocatorPool(8) in badger.Open), releasing one every 2 s
 // only once it is idle; builderInFlight is how many more a memtable flush

@@ -76,8 +76,12 @@ func TestReserveSpace(t *testing.T) {
 		src.pages[id] = pageBytes(pb, id, 2)
 	}
 	written := 0
+	var first filter.PageID
 	err = q.Import(src.img, func(put func(filter.PageID, []byte) error) error {
 		return src.put(func(id filter.PageID, data []byte) error {
+			if written == 0 {
+				first = id
+			}
 			if written++; written == importSpaceCheckPages {
 				disk.free.Store(need - 1) // something else filled the volume
 			}
@@ -92,6 +96,10 @@ func TestReserveSpace(t *testing.T) {
 	}
 	if _, ok := q.Checkpoint(); ok {
 		t.Error("a failed Import left a state")
+	}
+	// The pages it warmed into the page cache as it wrote are gone too.
+	if b := mustPage(t, q, first); string(b) != string(make([]byte, pb)) {
+		t.Error("a page of the failed Import is still in the page cache")
 	}
 	q.Close() // releases the reservation
 	disk.free.Store(need + restore)
