@@ -82,6 +82,11 @@ type Options struct {
 	// SessionTimeout is the group session timeout (default 45s). With
 	// ExactlyOnce the transaction timeout is kept below it.
 	SessionTimeout time.Duration
+	// MaxRestores is how many partitions may restore (from a snapshot) or
+	// replay at once (default DefaultMaxRestores; the worker's memory
+	// budget sets it, internal/budget): each holds ReplayMemoryBytes or a
+	// snapshot import's memory. Others wait, paused and not ready.
+	MaxRestores int
 	// ShutdownTimeout is the longest a stop may take
 	// (KDEDUP_SHUTDOWN_TIMEOUT): a stop first finishes every partition's
 	// write batch and commits the group's offsets, then uploads the last
@@ -212,6 +217,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.SnapshotInterval == 0 {
 		o.SnapshotInterval = DefaultSnapshotInterval
+	}
+	if o.MaxRestores <= 0 {
+		o.MaxRestores = DefaultMaxRestores
 	}
 	if o.SnapshotKeep == 0 {
 		o.SnapshotKeep = 3

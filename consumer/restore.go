@@ -40,6 +40,28 @@ import (
 // restore asks whether it has reached the end of the partition's log.
 const restoreIdle = time.Second
 
+// DefaultMaxRestores is Options.MaxRestores's default.
+const DefaultMaxRestores = 4
+
+// restoreFetchBytes bounds what a restore client fetches at once
+// (FetchMaxBytes and FetchMaxPartitionBytes): one partition, read in
+// order, needs no more to keep a replay busy.
+const restoreFetchBytes = 4 << 20
+
+// restoreRecordsBytes is what one poll of pollRecords records holds
+// besides the batches they were decoded from (kgo.Record structs and
+// their slices).
+const restoreRecordsBytes = 4 << 20
+
+// ReplayMemoryBytes is the most memory one partition's replay holds: its
+// restore client's fetch buffers (restoreFetchBytes), one batch
+// decompressed to at most maxDecompressBytes (Options.MaxDecompressBytes),
+// and a poll of decoded records. The worker's memory budget counts
+// Options.MaxRestores of it (or of a snapshot import, if larger).
+func ReplayMemoryBytes(maxDecompressBytes int64) int64 {
+	return restoreFetchBytes + maxDecompressBytes + restoreRecordsBytes
+}
+
 // startReplay makes the partition replay [from, until) with a restore
 // client, then resume in the group client cl, where adjustOffsets has paused
 // it. partial tells that the plan already found input before from deleted
@@ -90,6 +112,17 @@ func (pw *partitionWorker) stopReplay(abort bool) {
 func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFunc, done chan struct{}, group *kgo.Client, from, until int64, partial bool, resume *store.Checkpoint) {
 	defer close(done)
 	defer cancel()
+	// At most Options.MaxRestores restores and replays at once: each
+	// holds fetch buffers, a decompressed batch or a snapshot's import,
+	// counted in the memory budget that many times.
+	select {
+	case pw.w.restoreSlots <- struct{}{}:
+		defer func() { <-pw.w.restoreSlots }()
+	case <-ctx.Done():
+		pw.endReplay(false, 0)
+		pw.w.log.Info("replay stopped before it began", "topic", pw.topic, "partition", pw.partition)
+		return
+	}
 	if plan := pw.snapPlan; plan != nil {
 		pw.snapPlan = nil
 		var stopped bool
@@ -154,6 +187,8 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64, p
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(restoreIdle / 2),
+		kgo.FetchMaxBytes(restoreFetchBytes),
+		kgo.FetchMaxPartitionBytes(restoreFetchBytes),
 		kgo.MaxDecompressBatchBytes(w.opts.MaxDecompressBytes),
 		kgo.WithLogger(kslog.New(w.log.With("client", "restore", "topic", pw.topic, "partition", pw.partition))),
 	}, w.opts.ConnOpts...)...)

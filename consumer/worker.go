@@ -49,6 +49,9 @@ type Worker struct {
 	// not decided yet (partitionWorker.settlePlan).
 	unplanned atomic.Int64
 	restoring atomic.Int64 // partitions replaying input into their filter
+	// restoreSlots holds a token per restore or replay running
+	// (Options.MaxRestores).
+	restoreSlots chan struct{}
 	fatal     atomic.Bool  // fail was called: never ready again
 	// revokedSinceEnd (exactly once): a revocation or a loss reached the
 	// callbacks since the session's last End. GroupTransactSession calls
@@ -114,6 +117,8 @@ func New(opts Options) (*Worker, error) {
 		log:   opts.Logger,
 		parts: map[store.TopicPartition]*partitionWorker{},
 		live:  newLiveness(),
+
+		restoreSlots: make(chan struct{}, opts.MaxRestores),
 	}
 	w.rejections.known = map[recordTarget]rejection{}
 	w.rejections.isolated = map[recordTarget]bool{}

@@ -44,6 +44,12 @@ const (
 	maxDecoderWindowBytes = 8 << 20
 )
 
+// LoadMemoryBytes is the most memory one Fetched.Load (or Store.Load)
+// holds while it reads a snapshot: the zstd decoder's window and buffers
+// (bounded to maxDecoderWindowBytes) and the read buffers; restores
+// running at once hold it each (the worker's memory budget counts it).
+const LoadMemoryBytes = maxDecoderWindowBytes + 2<<20
+
 // ErrCorrupt is returned (wrapped) for a snapshot object that is not what
 // its manifest says: a checksum or size mismatch, a truncated or
 // undecodable object, another format version, or another topic-partition.

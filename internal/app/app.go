@@ -236,6 +236,7 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 		TransactionInterval: cfg.TransactionInterval,
 		MaxDirtyPageBytes:   maxDirty,
 		FetchMaxBytes:       int32(mem.Fetch),
+		MaxRestores:         mem.MaxRestores,
 		Dedup:               opener,
 		Snapshots:           snaps,
 		SnapshotInterval:    cfg.SnapshotInterval,

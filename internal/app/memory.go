@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/consumer"
 	"github.com/kdedup/kdedup/internal/budget"
+	"github.com/kdedup/kdedup/snapshot"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -19,12 +21,16 @@ import (
 // and an error naming the variable when the budget is too small.
 func memoryBudget(cfg config.Config, limit func() (uint64, error)) (budget.Split, string, error) {
 	total, source := budget.Total(int64(cfg.MemoryBytes), limit)
+	sopts := store.Options{PageBytes: int(cfg.PageBytes), FlushBytes: int64(cfg.FlushBytes)}
 	s, err := budget.Plan(budget.Inputs{
 		TotalBytes:      total,
-		StoreBytes:      store.Options{PageBytes: int(cfg.PageBytes), FlushBytes: int64(cfg.FlushBytes)}.MemoryBytes(),
+		StoreBytes:      sopts.MemoryBytes(),
 		DecompressBytes: int64(cfg.MaxDecompressBytes),
 		PageBytes:       int64(cfg.PageBytes),
 		CacheBytes:      int64(cfg.CacheBytes),
+		// A restore is a snapshot's import, then the replay of the gap
+		// after it: one at a time, so the larger of the two.
+		RestoreBytes: max(sopts.ImportMemoryBytes()+snapshot.LoadMemoryBytes, consumer.ReplayMemoryBytes(int64(cfg.MaxDecompressBytes))),
 	})
 	if err != nil {
 		what := fmt.Sprintf("KDEDUP_MEMORY_BYTES=%v", cfg.MemoryBytes)
@@ -42,6 +48,7 @@ func logBudget(log *slog.Logger, s budget.Split, source string) {
 	log.Info("memory budget", "total_bytes", s.Total, "source", source,
 		"go_memory_limit_bytes", s.GoLimit, "page_cache_bytes", s.Cache, "dirty_pages_bytes", s.Dirty,
 		"store_bytes", s.Store, "fetch_bytes", s.Fetch, "decompress_bytes", s.Decompress,
+		"restore_bytes", s.Restore, "restores_at_once", s.MaxRestores,
 		"runtime_bytes", s.Runtime, "gc_headroom_bytes", s.Headroom, "outside_go_bytes", s.NonGo)
 	if s.Over > 0 {
 		log.Warn("KDEDUP_CACHE_BYTES is larger than the page cache's share of the memory budget: resident memory may pass it",

@@ -15,7 +15,9 @@ import (
 	"github.com/KimMachineGun/automemlimit/memlimit"
 
 	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/consumer"
 	"github.com/kdedup/kdedup/internal/budget"
+	"github.com/kdedup/kdedup/snapshot"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -67,7 +69,8 @@ func TestMemoryBudget(t *testing.T) {
 			if s.Total != tc.wantTotal || !strings.Contains(source, tc.source) {
 				t.Errorf("total %d from %q, want %d from %q", s.Total, source, tc.wantTotal, tc.source)
 			}
-			want, err := budget.Plan(budget.Inputs{TotalBytes: tc.wantTotal, StoreBytes: store.Options{}.MemoryBytes(), DecompressBytes: 64 << 20, PageBytes: 4096})
+			restore := max(store.Options{}.ImportMemoryBytes()+snapshot.LoadMemoryBytes, consumer.ReplayMemoryBytes(64<<20))
+			want, err := budget.Plan(budget.Inputs{TotalBytes: tc.wantTotal, StoreBytes: store.Options{}.MemoryBytes(), DecompressBytes: 64 << 20, PageBytes: 4096, RestoreBytes: restore})
 			if err != nil {
 				t.Fatal(err)
 			}

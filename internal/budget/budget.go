@@ -19,7 +19,11 @@
 //	dirty    = live/16, at least 4 MiB (the dirty-page bound is 2/3 of it:
 //	           the worker holds at most 1.5 times its bound, or 64 pages a
 //	           partition when it owns more than bound/128 pages' worth)
-//	cache    = live - runtime - store - fetch - decompress - dirty
+//	restore  = live/32, at least one restore's memory R (Inputs.RestoreBytes:
+//	           a snapshot's import and decoder, or a replay's fetch buffers,
+//	           decompressed batch and records); MaxRestores = restore/R
+//	           restores and replays run at once, 1 to 8
+//	cache    = live - runtime - store - fetch - decompress - dirty - restore
 //
 // At the default FLUSH_BYTES, whose Badger takes about 1.3 GiB, a 3 GiB
 // container (T = 2.7 GiB) gets a cache of about 625 MiB, and a 2 GiB
@@ -50,6 +54,10 @@ const (
 	minFetchBytes = 4 * mib
 	maxFetchBytes = 50 * mib
 	minDirtyBytes = 4 * mib
+	// restoreDivisor and maxRestores: restores and replays get live/32,
+	// at least one's memory, and run at most 8 at once.
+	restoreDivisor = 32
+	maxRestores    = 8
 	// minCachePages is the smallest page cache the worker runs with
 	// (config's KDEDUP_CACHE_BYTES rule).
 	minCachePages = 16
@@ -74,16 +82,29 @@ type Inputs struct {
 	// CacheBytes, when not 0, is the page cache asked for
 	// (KDEDUP_CACHE_BYTES), taken as given in place of the cache's share.
 	CacheBytes int64
+	// RestoreBytes is the memory one partition's restore or replay holds
+	// besides the shares above: the larger of a snapshot's import
+	// (store.Options.ImportMemoryBytes plus snapshot.LoadMemoryBytes) and
+	// a replay's restore client (its fetch buffers, a decompressed batch,
+	// a poll of records). 0: restores are not budgeted (Restore is 0).
+	RestoreBytes int64
 }
 
 // Split is a budget's share for each part, in bytes. Shares are disjoint
 // and add up: NonGo + GoLimit = Total and Headroom + Live = GoLimit, where
-// Live = Runtime + Store + Fetch + Decompress + Dirty + Cache, except that
+// Live = Runtime + Store + Fetch + Decompress + Dirty + Restore + Cache, except that
 // a CacheBytes override may make Live larger than GoLimit - Headroom
 // (Over reports by how much).
 type Split struct {
 	Total, NonGo, GoLimit, Headroom, Live int64
 	Runtime, Store, Fetch, Decompress     int64
+	// Restore is the share of the restores and replays running at once
+	// (MaxRestores of Inputs.RestoreBytes each).
+	Restore int64
+	// MaxRestores is how many partitions may restore or replay at once
+	// (consumer.Options.MaxRestores): Restore / Inputs.RestoreBytes, 1 to 8;
+	// 0 when restores are not budgeted.
+	MaxRestores int
 	// Dirty is the dirty pages' share; MaxDirtyPageBytes, the bound the
 	// worker cuts write batches at, is two thirds of it.
 	Dirty int64
@@ -113,12 +134,12 @@ func Plan(in Inputs) (Split, error) {
 	} else {
 		if share < minCachePages*in.PageBytes {
 			l := least(in)
-			return Split{}, fmt.Errorf("%w: %d bytes leave %d for the page cache, under %d pages of %d bytes; the store needs %d, the fetch buffers %d, a decompressed batch %d, the dirty pages %d and the runtime %d; at least %d bytes (%d MiB) are needed",
-				ErrTooSmall, in.TotalBytes, max(share, 0), minCachePages, in.PageBytes, s.Store, s.Fetch, s.Decompress, s.Dirty, s.Runtime, l, l/mib)
+			return Split{}, fmt.Errorf("%w: %d bytes leave %d for the page cache, under %d pages of %d bytes; the store needs %d, the fetch buffers %d, a decompressed batch %d, the dirty pages %d, a restore %d and the runtime %d; at least %d bytes (%d MiB) are needed",
+				ErrTooSmall, in.TotalBytes, max(share, 0), minCachePages, in.PageBytes, s.Store, s.Fetch, s.Decompress, s.Dirty, s.Restore, s.Runtime, l, l/mib)
 		}
 		s.Cache = share
 	}
-	s.Live = s.Runtime + s.Store + s.Fetch + s.Decompress + s.Dirty + s.Cache
+	s.Live = s.Runtime + s.Store + s.Fetch + s.Decompress + s.Dirty + s.Restore + s.Cache
 	return s, nil
 }
 
@@ -131,7 +152,12 @@ func shares(in Inputs) (Split, int64) {
 	live := s.GoLimit - s.Headroom
 	s.Fetch = min(max(live/32, minFetchBytes), maxFetchBytes)
 	s.Dirty = max(live/16, minDirtyBytes)
-	return s, live - s.Runtime - s.Store - s.Fetch - s.Decompress - s.Dirty
+	if in.RestoreBytes > 0 {
+		s.Restore = max(live/restoreDivisor, in.RestoreBytes)
+		s.MaxRestores = int(min(s.Restore/in.RestoreBytes, maxRestores))
+		s.Restore = int64(s.MaxRestores) * in.RestoreBytes
+	}
+	return s, live - s.Runtime - s.Store - s.Fetch - s.Decompress - s.Dirty - s.Restore
 }
 
 // least is the smallest TotalBytes, in whole MiB, with which Plan leaves

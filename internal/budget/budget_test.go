@@ -156,3 +156,34 @@ func TestStoreBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanRestores: with a restore's memory R given, restores and replays
+// get their share of the live memory: MaxRestores of R each, 1 to 8,
+// never less than one restore and, below 8, the most that fit in live/32;
+// the shares still add up, and the cache gives up exactly that share.
+func TestPlanRestores(t *testing.T) {
+	const r = 80 * mib
+	for total := int64(3 << 30); total <= 64<<30; total += total / 5 {
+		in := Inputs{TotalBytes: total, StoreBytes: storeBytes, DecompressBytes: 64 * mib, PageBytes: 4096}
+		without, err := Plan(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.RestoreBytes = r
+		s, err := Plan(in)
+		if err != nil {
+			t.Fatalf("total %d: %v", total, err)
+		}
+		live := s.GoLimit - s.Headroom
+		want := int(min(max(live/32, r)/r, 8))
+		if s.MaxRestores != want || s.Restore != int64(want)*r {
+			t.Fatalf("total %d: %d restores, share %d; want %d of %d (live %d)", total, s.MaxRestores, s.Restore, want, r, live)
+		}
+		if s.Live != s.Runtime+s.Store+s.Fetch+s.Decompress+s.Dirty+s.Restore+s.Cache || s.Headroom+s.Live != s.GoLimit {
+			t.Fatalf("total %d: shares do not add up: %+v", total, s)
+		}
+		if without.Cache-s.Cache != s.Restore || without.MaxRestores != 0 {
+			t.Fatalf("total %d: the cache shrank by %d for a restore share of %d; without R, %d restores", total, without.Cache-s.Cache, s.Restore, without.MaxRestores)
+		}
+	}
+}
