@@ -52,7 +52,7 @@ type Worker struct {
 	// restoreSlots holds a token per restore or replay running
 	// (Options.MaxRestores).
 	restoreSlots chan struct{}
-	fatal     atomic.Bool  // fail was called: never ready again
+	fatal        atomic.Bool // fail was called: never ready again
 	// revokedSinceEnd (exactly once): a revocation or a loss reached the
 	// callbacks since the session's last End. GroupTransactSession calls
 	// them only once until End, so an idle session must End to hear of
