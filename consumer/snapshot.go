@@ -428,11 +428,40 @@ func (pw *partitionWorker) restoreFrom(ctx context.Context, group *kgo.Client, p
 		// Downloaded and checked before anything local changes: a
 		// snapshot that fails here leaves the local state as it was.
 		f, err := s.st.Fetch(ctx, m, w.opts.Dedup.StateDir())
-		if err == nil {
-			err = f.Load(ctx, func(img store.Image, pages func(put func(filter.PageID, []byte) error) error) error {
+		if err == nil && ctx.Err() == nil {
+			if h := w.hooks.beforeImport; h != nil {
+				h(pw)
+			}
+			// Importing replaces the state: a partition that has local
+			// state keeps it unless the import begins, and once it has
+			// begun, completes it whatever ctx says (it reads a local
+			// file at disk speed), so that a revocation or a stop never
+			// leaves it without the state it had. Without local state
+			// there is nothing to keep: a stop cuts the import short.
+			lctx := ctx
+			if plan.hasLocal {
+				if ctx.Err() != nil {
+					f.Close()
+					r.Release()
+					return false, false, true, nil
+				}
+				lctx = context.WithoutCancel(ctx)
+			}
+			err = f.Load(lctx, func(img store.Image, pages func(put func(filter.PageID, []byte) error) error) error {
 				img.Origin = m.Origin().Adopted(plan.origin)
-				return pw.dedup.Restore(img, pages)
+				return pw.dedup.Restore(img, func(put func(filter.PageID, []byte) error) error {
+					first := true
+					return pages(func(id filter.PageID, b []byte) error {
+						if h := w.hooks.importing; h != nil && first {
+							first = false
+							h(pw)
+						}
+						return put(id, b)
+					})
+				})
 			})
+		}
+		if f != nil {
 			f.Close()
 		}
 		r.Release()

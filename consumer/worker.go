@@ -52,7 +52,14 @@ type Worker struct {
 	// restoreSlots holds a token per restore or replay running
 	// (Options.MaxRestores).
 	restoreSlots chan struct{}
-	fatal        atomic.Bool // fail was called: never ready again
+	// hooks are set by tests only, before the worker runs.
+	hooks struct {
+		// beforeImport runs on a restore goroutine once a snapshot is
+		// downloaded, before its import; importing once its import has
+		// handed over its first page.
+		beforeImport, importing func(*partitionWorker)
+	}
+	fatal atomic.Bool // fail was called: never ready again
 	// revokedSinceEnd (exactly once): a revocation or a loss reached the
 	// callbacks since the session's last End. GroupTransactSession calls
 	// them only once until End, so an idle session must End to hear of
