@@ -428,6 +428,9 @@ func (pw *partitionWorker) restoreFrom(ctx context.Context, group *kgo.Client, p
 		// Downloaded and checked before anything local changes: a
 		// snapshot that fails here leaves the local state as it was.
 		f, err := s.st.Fetch(ctx, m, w.opts.Dedup.StateDir())
+		if err == nil {
+			r.Consume(m.Bytes) // on the volume now, no longer held apart
+		}
 		if err == nil && ctx.Err() == nil {
 			if h := w.hooks.beforeImport; h != nil {
 				h(pw)

@@ -205,6 +205,7 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 		// the volume meanwhile; stopping here keeps Badger's writes
 		// off a full volume (a SIGBUS).
 		if (n+1)%importSpaceCheckPages == 0 {
+			p.reservation.Consume(importSpaceCheckPages * int64(pb)) // written since the last check
 			if err := p.db.checkFreeSpaceBut(p.reservation.Bytes()); err != nil {
 				return err
 			}

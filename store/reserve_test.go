@@ -2,6 +2,10 @@ package store
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
 	"testing"
 
 	"github.com/kdedup/kdedup/filter"
@@ -107,5 +111,120 @@ func TestReserveSpace(t *testing.T) {
 		t.Fatalf("Close did not release the partition's reservation: %v", err)
 	} else {
 		r.Release()
+	}
+}
+
+// TestConcurrentRestoresTmpfs: four restores at once on a real, small
+// filesystem (a tmpfs sized so that two fit beside the write batches'
+// reserve): each reserves its download and state, writes its "download"
+// and imports an image, as the consumer's restore does. Those that do not
+// fit are refused (ErrDiskFull) by their reservation, before writing
+// anything; those that fit import exactly their image, none refused
+// halfway; the process never dies of a SIGBUS and every
+// write batch after them still finds its reserve. It needs to mount a
+// tmpfs (root), as TestDiskFullTmpfs does.
+func TestConcurrentRestoresTmpfs(t *testing.T) {
+	mnt := t.TempDir()
+	const size = 64 << 20 // two restores fit, and their imports (the memtable of 16 MiB) are not flushed meanwhile
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("mounting a %d-byte tmpfs was refused (needs root): %v: %s", size, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", mnt, err, out)
+		}
+	})
+	const pb = 4096
+	db, err := Open(Options{Dir: mnt + "/state", PageBytes: pb, FlushBytes: 1 << 20, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	free, err := db.tuning.freeBytes(db.opts.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Room for two restores of a download and a state of imageBytes each.
+	avail := int64(free) - db.requiredFreeBytes()
+	pages := int(avail / 5 / pb)
+	imageBytes := int64(pages) * pb
+	if pages < 256 {
+		t.Fatalf("%d bytes free beyond the %d write batches need: too few for the test", avail, db.requiredFreeBytes())
+	}
+	images := make([]exported, 4)
+	for i := range images {
+		images[i] = exported{img: Image{Meta: chainMeta(pb, int64(i), uint64(pages), 0), Checkpoint: Checkpoint{Offset: int64(100 + i)}, PageBytes: pb},
+			pages: map[filter.PageID][]byte{}}
+		for pg := range pages {
+			id := filter.PageID{Page: uint32(pg)}
+			images[i].pages[id] = pageBytes(pb, id, uint64(i+1))
+		}
+	}
+	parts := make([]*PartitionState, len(images))
+	for i := range parts {
+		if parts[i], err = db.Partition("orders", int32(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make([]error, len(images))
+	atReserve := make([]bool, len(images))
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range images {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			r, err := parts[i].ReserveSpace(2 * imageBytes)
+			if err != nil {
+				errs[i], atReserve[i] = err, true
+				return
+			}
+			defer r.Release()
+			dl := fmt.Sprintf("%s/state/download-%d", mnt, i)
+			if err := os.WriteFile(dl, make([]byte, imageBytes), 0o600); err != nil {
+				errs[i] = err
+				return
+			}
+			defer os.Remove(dl)
+			errs[i] = parts[i].Import(images[i].img, images[i].put)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	imported, refused := 0, 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			imported++
+			cp, ok := parts[i].Checkpoint()
+			if !ok || cp != images[i].img.Checkpoint {
+				t.Errorf("partition %d imported: checkpoint %v %t, want %v", i, cp, ok, images[i].img.Checkpoint)
+			}
+			for id, want := range images[i].pages {
+				if got := mustPage(t, parts[i], id); string(got) != string(want) {
+					t.Fatalf("partition %d: %v is not the image's", i, id)
+				}
+			}
+		case errors.Is(err, ErrDiskFull) && atReserve[i]:
+			refused++
+			if _, ok := parts[i].Checkpoint(); ok {
+				t.Errorf("partition %d: refused, yet it has a state", i)
+			}
+		default:
+			t.Errorf("partition %d: %v", i, err)
+		}
+	}
+	for i, err := range errs {
+		t.Logf("restore %d: %v", i, err)
+	}
+	if imported < 1 || refused < 1 || imported+refused != len(images) {
+		t.Fatalf("%d imported, %d refused of %d restores with room for 2 at once; want some of each", imported, refused, len(images))
+	}
+	t.Logf("%d restores of %d bytes each imported, %d refused on a %d-byte tmpfs", imported, 2*imageBytes, refused, size)
+	// A write batch after them still finds its reserve.
+	write(t, parts[0], filter.PageID{Page: 1}, pageBytes(pb, filter.PageID{Page: 1}, 9))
+	if err := parts[0].Commit(chainMeta(pb, 9, uint64(pages), 0), Checkpoint{Offset: 1000}); err != nil && !errors.Is(err, ErrDiskFull) {
+		t.Fatalf("a write batch after the restores: %v", err)
 	}
 }

@@ -119,12 +119,28 @@ type Reservation struct {
 	bytes int64
 }
 
-// Bytes is the space reserved (0 after Release).
+// Bytes is the space still reserved: not yet consumed (Consume), 0 after
+// Release.
 func (r *Reservation) Bytes() int64 {
 	if r == nil {
 		return 0
 	}
 	return r.bytes
+}
+
+// Consume tells that n of the reserved bytes are now written (a download
+// finished, pages imported): they are taken from the volume's free space
+// itself and no longer held apart, so that they are not counted twice
+// against other writers. Safe on a nil Reservation.
+func (r *Reservation) Consume(n int64) {
+	if r == nil || r.bytes == 0 || n <= 0 {
+		return
+	}
+	n = min(n, r.bytes)
+	r.db.space.Lock()
+	r.db.space.reserved -= n
+	r.db.space.Unlock()
+	r.bytes -= n
 }
 
 // Release returns the reserved space; later calls do nothing.
