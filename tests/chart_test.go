@@ -18,8 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kdedup/kdedup/config"
-	"github.com/kdedup/kdedup/internal/budget"
-	"github.com/kdedup/kdedup/store"
+	"github.com/kdedup/kdedup/internal/app"
 )
 
 // The chart tests render deploy/helm/kdedup offline with helm template and
@@ -323,15 +322,12 @@ func TestChartMemoryFromTheLimit(t *testing.T) {
 		t.Fatalf("memory limit %s, want the documented 3Gi", limit.String())
 	}
 	cfg := loadEnv(t, c)
-	total, _ := budget.Total(int64(cfg.MemoryBytes), func() (uint64, error) { return uint64(limit.Value()), nil })
-	s, err := budget.Plan(budget.Inputs{TotalBytes: total,
-		StoreBytes:      store.Options{PageBytes: int(cfg.PageBytes), FlushBytes: int64(cfg.FlushBytes)}.MemoryBytes(),
-		DecompressBytes: int64(cfg.MaxDecompressBytes), PageBytes: int64(cfg.PageBytes), CacheBytes: int64(cfg.CacheBytes)})
+	s, _, err := app.MemoryBudget(cfg, func() (uint64, error) { return uint64(limit.Value()), nil })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := int64(625 << 20); s.Cache < want*95/100 || s.Cache > want*105/100 {
-		t.Errorf("page cache %d MiB under the default 2Gi limit; values.yaml says about 625MiB", s.Cache>>20)
+	if want := int64(554 << 20); s.Cache < want*95/100 || s.Cache > want*105/100 {
+		t.Errorf("page cache %d MiB under the default 3Gi limit; values.yaml says about 554MiB", s.Cache>>20)
 	}
 }
 

@@ -146,7 +146,7 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 	if err := dopts.Filter.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	mem, memSource, err := memoryBudget(cfg, budget.CgroupLimit)
+	mem, memSource, err := MemoryBudget(cfg, budget.CgroupLimit)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}

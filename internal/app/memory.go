@@ -15,11 +15,11 @@ import (
 	"github.com/kdedup/kdedup/store"
 )
 
-// memoryBudget splits the worker's memory budget (internal/budget) for
-// cfg: KDEDUP_MEMORY_BYTES, or a share of the container memory limit that
+// MemoryBudget splits the worker's memory budget (internal/budget) for
+// cfg as the worker does at start-up: KDEDUP_MEMORY_BYTES, or a share of the container memory limit that
 // limit reports, or the default. It returns where the total came from,
 // and an error naming the variable when the budget is too small.
-func memoryBudget(cfg config.Config, limit func() (uint64, error)) (budget.Split, string, error) {
+func MemoryBudget(cfg config.Config, limit func() (uint64, error)) (budget.Split, string, error) {
 	total, source := budget.Total(int64(cfg.MemoryBytes), limit)
 	sopts := store.Options{PageBytes: int(cfg.PageBytes), FlushBytes: int64(cfg.FlushBytes)}
 	s, err := budget.Plan(budget.Inputs{
@@ -82,7 +82,7 @@ func memoryLimit(cfg config.Config, lookupEnv func(string) (string, bool), limit
 	if _, set := lookupEnv("GOMEMLIMIT"); set {
 		return 0, false
 	}
-	s, _, err := memoryBudget(cfg, limit)
+	s, _, err := MemoryBudget(cfg, limit)
 	if err != nil {
 		return 0, false
 	}

@@ -62,7 +62,7 @@ func TestMemoryBudget(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := workerConfig(t, tc.env...)
-			s, source, err := memoryBudget(cfg, tc.limit)
+			s, source, err := MemoryBudget(cfg, tc.limit)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -81,7 +81,7 @@ func TestMemoryBudget(t *testing.T) {
 	}
 
 	t.Run("too small", func(t *testing.T) {
-		_, _, err := memoryBudget(workerConfig(t, "KDEDUP_MEMORY_BYTES", "256MiB"), noLimit)
+		_, _, err := MemoryBudget(workerConfig(t, "KDEDUP_MEMORY_BYTES", "256MiB"), noLimit)
 		if !errors.Is(err, budget.ErrTooSmall) || !strings.Contains(err.Error(), "KDEDUP_MEMORY_BYTES=256MiB") {
 			t.Fatalf("err = %v, want ErrTooSmall naming KDEDUP_MEMORY_BYTES", err)
 		}
@@ -93,16 +93,16 @@ func TestMemoryBudget(t *testing.T) {
 		if least <= 256<<20 {
 			t.Fatalf("no least budget above 256MiB in %q", err)
 		}
-		if _, _, err := memoryBudget(workerConfig(t, "KDEDUP_MEMORY_BYTES", strconv.FormatInt(least, 10)), noLimit); err != nil {
+		if _, _, err := MemoryBudget(workerConfig(t, "KDEDUP_MEMORY_BYTES", strconv.FormatInt(least, 10)), noLimit); err != nil {
 			t.Errorf("the least budget named, %d, is refused: %v", least, err)
 		}
-		if _, _, err := memoryBudget(workerConfig(t, "KDEDUP_MEMORY_BYTES", strconv.FormatInt(least-2<<20, 10)), noLimit); err == nil {
+		if _, _, err := MemoryBudget(workerConfig(t, "KDEDUP_MEMORY_BYTES", strconv.FormatInt(least-2<<20, 10)), noLimit); err == nil {
 			t.Errorf("2 MiB under the least budget named, %d, is accepted", least)
 		}
 	})
 
 	t.Run("cache override", func(t *testing.T) {
-		s, _, err := memoryBudget(workerConfig(t, "KDEDUP_MEMORY_BYTES", "4GiB", "KDEDUP_CACHE_BYTES", "6GiB"), noLimit)
+		s, _, err := MemoryBudget(workerConfig(t, "KDEDUP_MEMORY_BYTES", "4GiB", "KDEDUP_CACHE_BYTES", "6GiB"), noLimit)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +117,7 @@ func TestMemoryBudget(t *testing.T) {
 // too small.
 func TestMemoryLimit(t *testing.T) {
 	cfg := workerConfig(t, "KDEDUP_MEMORY_BYTES", "4GiB")
-	s, _, err := memoryBudget(cfg, noLimit)
+	s, _, err := MemoryBudget(cfg, noLimit)
 	if err != nil {
 		t.Fatal(err)
 	}
