@@ -65,16 +65,21 @@ func (w *Worker) origin(ctx context.Context, adm *kadm.Client, info *planInfo, t
 		info.origins = make(map[string]store.Origin, len(w.opts.InputTopics))
 		for _, t := range w.opts.InputTopics {
 			o := store.Origin{ClusterID: md.Cluster}
-			if d, ok := md.Topics[t]; ok && d.Err == nil && d.ID != (kadm.TopicID{}) {
+			d, ok := md.Topics[t]
+			if ok && d.Err != nil {
+				// A topic being created again answers
+				// UNKNOWN_TOPIC_OR_PARTITION for a moment: never take
+				// that for a broker without topic IDs.
+				info.origins = nil
+				return store.Origin{}, fmt.Errorf("reading the ID of topic %s to check each partition's state belongs to it: %w", t, d.Err)
+			}
+			if ok && d.ID != (kadm.TopicID{}) {
 				o.TopicID = d.ID.String()
 			}
 			info.origins[t] = o
 		}
 	}
-	if o, ok := info.origins[topic]; ok {
-		return o, nil
-	}
-	return store.Origin{}, nil
+	return info.origins[topic], nil
 }
 
 // logEnd returns the high watermark of topic/partition, listing the input's
@@ -125,19 +130,29 @@ func (w *Worker) checkOrigin(ctx context.Context, adm *kadm.Client, info *planIn
 	switch {
 	case stored.Differs(cur):
 		return at, false, w.foreignLocal(ctx, pw, cur, cp, end, known, "the local state was built from another topic ID or cluster")
-	case beyond && stored.IsZero():
-		return at, false, w.foreignLocal(ctx, pw, cur, cp, end, known, "the local state records no topic ID and its checkpoint is beyond the partition's log end")
+	case beyond && (stored.TopicID == "" || cur.TopicID == ""):
+		// Only a topic ID known on both sides proves the state is this
+		// log's; a checkpoint past the end of the log says it is not.
+		return at, false, w.foreignLocal(ctx, pw, cur, cp, end, known, "the local state's checkpoint is beyond the partition's log end and no topic ID shows it is this topic's")
 	case beyond:
+		// The same topic, its log truncated (an unclean leader
+		// election): the records from where the log diverged were
+		// decided before, and records written since at those offsets are
+		// new. Resume where the checkpoint's leader epoch ended on the
+		// current leader (OffsetForLeaderEpoch), or without an epoch at
+		// the log start, keeping the keys: records decided before are
+		// dropped as the repeats they are, none skipped.
+		from, ferr := w.divergence(ctx, adm, pw, cp, end)
 		w.m.beyondLogEnd.Inc()
-		w.log.Error("the partition's checkpoint is beyond its log end although its state is of this topic: the log was truncated (an unclean leader election); keeping the keys and resuming at the log end, so that records written again at those offsets are decided",
-			"topic", pw.topic, "partition", pw.partition, "checkpoint", cp.Offset, "log_end", end, "origin", cur.String())
+		w.log.Error("the partition's checkpoint is beyond its log end although its state is of this topic: the log was truncated (an unclean leader election); keeping the keys and deciding again from where the log diverged",
+			"topic", pw.topic, "partition", pw.partition, "checkpoint", cp.Offset, "log_end", end, "from", from, "origin", cur.String(), "divergence_err", ferr)
 		if adopted := stored.Adopted(cur); adopted != stored {
 			if err := pw.dedup.SetOrigin(adopted); err != nil {
 				return at, false, err
 			}
 		}
-		pw.startAt(store.Checkpoint{Offset: end, LeaderEpoch: -1})
-		return kgo.NewOffset().At(end), true, nil
+		pw.startAt(store.Checkpoint{Offset: from, LeaderEpoch: -1})
+		return kgo.NewOffset().At(from), true, nil
 	}
 	if adopted := stored.Adopted(cur); adopted != stored {
 		if stored.IsZero() {
@@ -148,6 +163,37 @@ func (w *Worker) checkOrigin(ctx context.Context, adm *kadm.Client, info *planIn
 		}
 	}
 	return at, false, nil
+}
+
+// divergence returns where pw's log diverged from the one its checkpoint
+// cp was decided on, at most end: the end offset of cp's leader epoch on
+// the current leader; the log start when the epoch is unknown or the
+// request fails (err says why).
+func (w *Worker) divergence(ctx context.Context, adm *kadm.Client, pw *partitionWorker, cp store.Checkpoint, end int64) (int64, error) {
+	err := errors.New("the checkpoint records no leader epoch")
+	if cp.LeaderEpoch >= 0 {
+		var req kadm.OffsetForLeaderEpochRequest
+		req.Add(pw.topic, pw.partition, cp.LeaderEpoch)
+		var res kadm.OffsetsForLeaderEpochs
+		if res, err = adm.OffsetForLeaderEpoch(ctx, req); err == nil {
+			r, ok := res[pw.topic][pw.partition]
+			switch {
+			case !ok:
+				err = fmt.Errorf("no answer for %s/%d", pw.topic, pw.partition)
+			case r.Err != nil:
+				err = r.Err
+			case r.EndOffset >= 0:
+				return min(r.EndOffset, end), nil
+			default:
+				err = fmt.Errorf("leader epoch %d unknown to the leader", cp.LeaderEpoch)
+			}
+		}
+	}
+	start, lerr := pw.listedOffset(ctx, adm.ListStartOffsets)
+	if lerr != nil {
+		return 0, errors.Join(err, lerr)
+	}
+	return start, err
 }
 
 // foreignLocal moves pw's local state aside (into ForeignStatesDir),
@@ -182,6 +228,14 @@ func (w *Worker) moveAside(ctx context.Context, pw *partitionWorker, dir string)
 		return fmt.Errorf("moving the foreign state of %s/%d aside: %w", pw.topic, pw.partition, err)
 	}
 	defer st.Close()
+	// The copy goes on the data volume: room for it (at most every page
+	// of the chain, compressed) beside the write batches' reserve, or the
+	// disk-full error, never a full volume under Badger.
+	r, err := pw.dedup.ReserveSpace(int64(pw.dedup.Stats().Bytes))
+	if err != nil {
+		return fmt.Errorf("moving the foreign state of %s/%d aside into %s: %w", pw.topic, pw.partition, dir, err)
+	}
+	defer r.Release()
 	tp := store.TopicPartition{Topic: pw.topic, Partition: pw.partition}
 	m, err := st.Put(ctx, tp, func(header func(store.Image) error, page func(filter.PageID, []byte) error) (bool, error) {
 		return w.opts.Dedup.Export(tp, header, page)

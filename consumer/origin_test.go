@@ -33,7 +33,9 @@ import (
 //     as one without state (here: no committed offset, so at the group's
 //     reset offset);
 //   - a state of this topic with its checkpoint beyond the log end keeps
-//     its keys and starts at the log end, counted;
+//     its keys and starts where the log diverged (the end of its leader
+//     epoch on the leader, or the log start without an epoch), counted;
+//     without a topic ID on both sides it is foreign;
 //   - no state with another origin recorded takes the current one.
 func TestPlanChecksOrigin(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "in"), kfake.ClusterID("cluster-a"))
@@ -76,14 +78,20 @@ func TestPlanChecksOrigin(t *testing.T) {
 		stored     store.Origin
 		checkpoint int64 // -1: no state
 		want       want
+		epoch      int32 // the checkpoint's leader epoch (0: unknown, -1)
 	}{
-		{"same origin", cur, 5, want{start: kgo.NewOffset().At(5), keptState: true}},
-		{"no origin recorded", store.Origin{}, 5, want{start: kgo.NewOffset().At(5), keptState: true}},
-		{"no origin recorded, beyond the log end", store.Origin{}, 500, want{start: group, foreign: 1, movedAside: 1}},
-		{"another topic ID", otherTopic, 5, want{start: group, foreign: 1, movedAside: 1}},
-		{"another cluster", otherCluster, 5, want{start: group, foreign: 1, movedAside: 1}},
-		{"same origin, beyond the log end", cur, 500, want{start: kgo.NewOffset().At(logEnd), keptState: true, beyond: 1}},
-		{"no state, another origin recorded", otherTopic, -1, want{start: group}},
+		{"same origin", cur, 5, want{start: kgo.NewOffset().At(5), keptState: true}, 0},
+		{"no origin recorded", store.Origin{}, 5, want{start: kgo.NewOffset().At(5), keptState: true}, 0},
+		{"no origin recorded, beyond the log end", store.Origin{}, 500, want{start: group, foreign: 1, movedAside: 1}, 0},
+		{"another topic ID", otherTopic, 5, want{start: group, foreign: 1, movedAside: 1}, 0},
+		{"another cluster", otherCluster, 5, want{start: group, foreign: 1, movedAside: 1}, 0},
+		// A truncated log: from where the checkpoint's epoch ended on the
+		// leader (the log end here), or without an epoch from the log
+		// start, the keys kept.
+		{"same origin, beyond the log end", cur, 500, want{start: kgo.NewOffset().At(logEnd), keptState: true, beyond: 1}, 1},
+		{"same origin, beyond the log end, no epoch", cur, 500, want{start: kgo.NewOffset().At(0), keptState: true, beyond: 1}, 0},
+		{"no topic ID known, beyond the log end", store.Origin{ClusterID: cur.ClusterID}, 500, want{start: group, foreign: 1, movedAside: 1}, 0},
+		{"no state, another origin recorded", otherTopic, -1, want{start: group}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -106,7 +114,7 @@ func TestPlanChecksOrigin(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if err := d.Commit(store.Checkpoint{Offset: tc.checkpoint, LeaderEpoch: -1}); err != nil {
+				if err := d.Commit(store.Checkpoint{Offset: tc.checkpoint, LeaderEpoch: tc.epoch - 1}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -95,11 +95,15 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 				continue
 			}
 			start, err := w.plan(ctx, cl, adm, &starts, &seen, &info, pw, o)
-			pw.owned.Or(ownedPlanned)
-			pw.settlePlan() // after a replay began: readiness never sees a gap
 			if err != nil {
+				// Planned again in the next session (or released): until
+				// then nobody but the plan owns it, so that a plan's
+				// changes to its state (moving a foreign state aside)
+				// never meet the loop's.
 				return nil, err
 			}
+			pw.owned.Or(ownedPlanned)
+			pw.settlePlan() // after a replay began: readiness never sees a gap
 			pw.start, pw.hasStart = start, true
 			ps[p] = start
 		}
@@ -412,6 +416,12 @@ func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) []*partition
 		}
 	}
 	w.mu.Unlock()
+	for _, pw := range stopping {
+		// Every replay told first: stop waits for each in turn, and a
+		// local import that completes before it stops must not delay the
+		// others' last write batches.
+		pw.cancelReplay(abort)
+	}
 	for _, pw := range stopping {
 		pw.settlePlan()
 		pw.stop(abort)

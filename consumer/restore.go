@@ -90,6 +90,33 @@ func (pw *partitionWorker) startReplay(cl *kgo.Client, from, until int64, partia
 	go pw.restore(ctx, cancel, done, cl, from, until, partial, resume)
 }
 
+// takeRestoreSlot waits for one of Options.MaxRestores slots of restores
+// (a snapshot's download and import) and replays running at once: each
+// holds fetch buffers, a decompressed batch or an import, counted in the
+// memory budget that many times. Listing snapshots and waiting for a
+// failing store take none. ok is false when ctx ended first.
+func (pw *partitionWorker) takeRestoreSlot(ctx context.Context) (release func(), ok bool) {
+	select {
+	case pw.w.restoreSlots <- struct{}{}:
+		return func() { <-pw.w.restoreSlots }, true
+	case <-ctx.Done():
+		return nil, false
+	}
+}
+
+// cancelReplay tells a running replay to stop, as stopReplay does, without
+// waiting for it.
+func (pw *partitionWorker) cancelReplay(abort bool) {
+	pw.replayMu.Lock()
+	cancel, done := pw.cancelRestore, pw.restoreDone
+	pw.replayMu.Unlock()
+	if done == nil {
+		return
+	}
+	pw.restoreAbort.Store(abort)
+	cancel()
+}
+
 // stopReplay stops a running replay and waits for it. abort (the partition
 // was lost) commits nothing more; otherwise the replay commits its progress
 // as a write batch, so that the next owner of this directory goes on from
@@ -112,17 +139,6 @@ func (pw *partitionWorker) stopReplay(abort bool) {
 func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFunc, done chan struct{}, group *kgo.Client, from, until int64, partial bool, resume *store.Checkpoint) {
 	defer close(done)
 	defer cancel()
-	// At most Options.MaxRestores restores and replays at once: each
-	// holds fetch buffers, a decompressed batch or a snapshot's import,
-	// counted in the memory budget that many times.
-	select {
-	case pw.w.restoreSlots <- struct{}{}:
-		defer func() { <-pw.w.restoreSlots }()
-	case <-ctx.Done():
-		pw.endReplay(false, 0)
-		pw.w.log.Info("replay stopped before it began", "topic", pw.topic, "partition", pw.partition)
-		return
-	}
 	if plan := pw.snapPlan; plan != nil {
 		pw.snapPlan = nil
 		var stopped bool
@@ -147,7 +163,12 @@ func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFun
 		err      error
 	)
 	if from < until {
-		replayed, stopped, err = pw.replayRange(ctx, from, until, partial, resume != nil)
+		if release, ok := pw.takeRestoreSlot(ctx); ok {
+			replayed, stopped, err = pw.replayRange(ctx, from, until, partial, resume != nil)
+			release()
+		} else {
+			stopped = true
+		}
 	}
 	if !stopped && err == nil && resume != nil {
 		pw.startAt(*resume)

@@ -215,7 +215,7 @@ func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why strin
 	// Objects no manifest names are left an hour, or ten intervals: an
 	// upload in progress, maybe another worker's during a rebalance.
 	grace := max(time.Hour, 10*s.w.opts.SnapshotInterval)
-	pr, err := s.st.PruneReport(ctx, tp, s.w.opts.SnapshotKeep, grace)
+	pr, err := s.st.PruneOf(ctx, tp, m.Origin(), s.w.opts.SnapshotKeep, grace)
 	if err != nil {
 		s.w.log.Warn("deleting old snapshots failed; retried after the next upload", "topic", pw.topic, "partition", pw.partition, "err", err)
 	}
@@ -304,25 +304,33 @@ func retryWait(ctx context.Context, attempt int) bool {
 	}
 }
 
-// storeAttempt decides what a restore does after the store failed a
-// request (attempt counts from 0): ask again after a growing wait
-// (snapshotRetryMin to snapshotRetryMax), the partition waiting meanwhile,
-// or, after snapshotQuickAttempts failures, give up on snapshots (giveUp)
-// when what the partition does without one loses nothing: a replay whose
-// whole input is retained. Otherwise (the replay would be partial, or
+// storeGivesUp decides whether a restore gives up on a store that failed
+// a request (attempt counts from 0) and logs either way: after
+// snapshotQuickAttempts failures it gives up when what the partition does
+// without a snapshot loses nothing (a replay whose whole input is
+// retained); otherwise (the replay would be partial, or
 // KDEDUP_REBUILD=empty would start empty) it waits for the store until it
-// answers or ctx ends (stopped): a transient error never costs the filter
-// keys. what names the request in the log.
-func (pw *partitionWorker) storeAttempt(ctx context.Context, group *kgo.Client, plan *snapshotPlan, local, until int64, attempt int, what string, err error) (giveUp, stopped bool) {
-	s := pw.w.snaps
+// answers or the partition is revoked: a transient error never costs the
+// filter keys. what names the request in the log.
+func (pw *partitionWorker) storeGivesUp(ctx context.Context, group *kgo.Client, plan *snapshotPlan, local, until int64, attempt int, what string, err error) bool {
 	if attempt+1 >= snapshotQuickAttempts && pw.replayLosesNothing(ctx, group, plan, local, until) {
-		s.m.restoreFailed.Inc()
+		pw.w.snaps.m.restoreFailed.Inc()
 		pw.w.log.Warn("the snapshot store fails to "+what+"; replaying instead (the partition's whole input is retained)", "topic", pw.topic, "partition", pw.partition,
 			"attempts", attempt+1, "err", err)
-		return true, false
+		return true
 	}
 	pw.w.log.Warn("the snapshot store fails to "+what+"; asking again, the partition waits", "topic", pw.topic, "partition", pw.partition,
 		"attempt", attempt+1, "err", err)
+	return false
+}
+
+// storeAttempt is storeGivesUp followed, unless it gives up, by the wait
+// before the next attempt (snapshotRetryMin doubling to
+// snapshotRetryMax): stopped when ctx ended first.
+func (pw *partitionWorker) storeAttempt(ctx context.Context, group *kgo.Client, plan *snapshotPlan, local, until int64, attempt int, what string, err error) (giveUp, stopped bool) {
+	if pw.storeGivesUp(ctx, group, plan, local, until, attempt, what, err) {
+		return true, false
+	}
 	return false, !retryWait(ctx, attempt)
 }
 
@@ -405,102 +413,147 @@ func (w *Worker) countRestore(source string) {
 
 // restoreFrom restores the snapshot m into pw's state: restored, or not
 // (m unusable: damaged, other parameters, no room for it on the data
-// volume; logged and counted, the caller tries an older one), or giveUp (the
-// store fails the download and the partition replays instead,
-// storeAttempt), stopped (ctx ended), or the local store's error.
+// volume, an object the store keeps failing to serve; logged and counted,
+// the caller tries an older one), or giveUp (the store fails the download
+// and the partition replays instead, storeGivesUp), stopped (ctx ended),
+// or the local store's error. Each attempt holds a restore slot
+// (takeRestoreSlot); the waits between them hold none.
 func (pw *partitionWorker) restoreFrom(ctx context.Context, group *kgo.Client, plan *snapshotPlan, m snapshot.Manifest, local, until int64) (restored, giveUp, stopped bool, err error) {
-	w, s := pw.w, pw.w.snaps
 	for attempt := 0; ; attempt++ {
-		start := time.Now()
-		// The download and the state it imports fit on the data
-		// volume beside every other restore's, or this snapshot is not
-		// tried: a full volume is a SIGBUS under Badger.
-		r, err := pw.dedup.ReserveSpace(m.RestoreBytes())
-		if errors.Is(err, store.ErrDiskFull) {
-			s.m.restoreNoSpace.Inc()
-			w.log.Warn("no room on the data volume to restore a snapshot; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition,
-				"snapshot", m.Key(), "bytes_needed", m.RestoreBytes(), "err", err)
-			return false, false, false, nil
-		}
-		if err != nil {
-			return false, false, false, err
-		}
-		// Downloaded and checked before anything local changes: a
-		// snapshot that fails here leaves the local state as it was.
-		f, err := s.st.Fetch(ctx, m, w.opts.Dedup.StateDir())
-		if err == nil {
-			r.Consume(m.Bytes) // on the volume now, no longer held apart
-		}
-		if err == nil && ctx.Err() == nil {
-			if h := w.hooks.beforeImport; h != nil {
-				h(pw)
-			}
-			// Importing replaces the state: a partition that has local
-			// state keeps it unless the import begins, and once it has
-			// begun, completes it whatever ctx says (it reads a local
-			// file at disk speed), so that a revocation or a stop never
-			// leaves it without the state it had. Without local state
-			// there is nothing to keep: a stop cuts the import short.
-			lctx := ctx
-			if plan.hasLocal {
-				if ctx.Err() != nil {
-					f.Close()
-					r.Release()
-					return false, false, true, nil
-				}
-				lctx = context.WithoutCancel(ctx)
-			}
-			err = f.Load(lctx, func(img store.Image, pages func(put func(filter.PageID, []byte) error) error) error {
-				img.Origin = m.Origin().Adopted(plan.origin)
-				return pw.dedup.Restore(img, func(put func(filter.PageID, []byte) error) error {
-					first := true
-					return pages(func(id filter.PageID, b []byte) error {
-						if h := w.hooks.importing; h != nil && first {
-							first = false
-							h(pw)
-						}
-						return put(id, b)
-					})
-				})
-			})
-		}
-		if f != nil {
-			f.Close()
-		}
-		r.Release()
-		if ctx.Err() != nil {
+		release, ok := pw.takeRestoreSlot(ctx)
+		if !ok {
 			return false, false, true, nil
 		}
-		if err == nil {
-			d := time.Since(start)
-			pw.setCheckpoint(m.Checkpoint())
-			pw.snapOffset.Store(m.Offset)
-			pw.snapAt.Store(time.Now().UnixNano())
-			s.m.restores.WithLabelValues("snapshot").Inc()
-			s.m.restoreSeconds.Observe(d.Seconds())
-			w.log.Info("restored from a snapshot; replaying the input after it", "topic", pw.topic, "partition", pw.partition,
-				"offset", m.Offset, "group_offset", until, "bytes", m.Bytes, "state_bytes", m.StateBytes(), "duration", d.Round(time.Millisecond), "snapshot", m.Key())
-			return true, false, false, nil
+		restored, retry, giveUp, stopped, err := pw.restoreOnce(ctx, group, plan, m, local, until, attempt)
+		release()
+		if !retry {
+			return restored, giveUp, stopped, err
 		}
-		switch {
-		case f != nil && !errors.Is(err, snapshot.ErrCorrupt) && !errors.Is(err, dedup.ErrSnapshotParams):
-			// Fetched and checked, then the local store failed while
-			// loading it: a storage error stops the partition.
-			return false, false, false, err
-		case f == nil && !errors.Is(err, snapshot.ErrCorrupt):
-			// The store failed the download: the same snapshot again.
-			s.m.storeErrors.WithLabelValues("fetch").Inc()
-			giveUp, stopped := pw.storeAttempt(ctx, group, plan, local, until, attempt, "serve a snapshot", err)
-			if giveUp || stopped {
-				return false, giveUp, stopped, nil
-			}
-			continue
+		if !retryWait(ctx, attempt) {
+			return false, false, true, nil
 		}
-		s.m.restoreFailed.Inc()
-		w.log.Warn("snapshot unusable; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition, "snapshot", m.Key(), "offset", m.Offset, "err", err)
-		return false, false, false, nil
 	}
 }
+
+// restoreOnce is one attempt of restoreFrom, holding a restore slot:
+// retry asks for another after a wait (the store failed the download).
+func (pw *partitionWorker) restoreOnce(ctx context.Context, group *kgo.Client, plan *snapshotPlan, m snapshot.Manifest, local, until int64, attempt int) (restored, retry, giveUp, stopped bool, err error) {
+	w, s := pw.w, pw.w.snaps
+	start := time.Now()
+	// The download and the state it imports fit on the data volume beside
+	// every other restore's, or this snapshot is not tried: a full volume
+	// is a SIGBUS under Badger.
+	r, err := pw.dedup.ReserveSpace(m.RestoreBytes())
+	if errors.Is(err, store.ErrDiskFull) {
+		s.m.restoreNoSpace.Inc()
+		w.log.Warn("no room on the data volume to restore a snapshot; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition,
+			"snapshot", m.Key(), "bytes_needed", m.RestoreBytes(), "err", err)
+		return false, false, false, false, nil
+	}
+	if err != nil {
+		return false, false, false, false, err
+	}
+	defer r.Release()
+	// Downloaded and checked before anything local changes: a snapshot
+	// that fails here leaves the local state as it was.
+	f, err := s.st.Fetch(ctx, m, w.opts.Dedup.StateDir())
+	if err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return false, false, false, true, nil
+		case errors.Is(err, snapshot.ErrCorrupt):
+			s.m.restoreFailed.Inc()
+			w.log.Warn("snapshot unusable; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition, "snapshot", m.Key(), "offset", m.Offset, "err", err)
+			return false, false, false, false, nil
+		}
+		// The store failed the download: the same snapshot again after a
+		// wait, unless the partition gives up on the store
+		// (storeAttempt), or on this snapshot after
+		// snapshotKeyAttempts failures of it (an object the store will
+		// not serve: an older one may be served).
+		s.m.storeErrors.WithLabelValues("fetch").Inc()
+		if pw.storeGivesUp(ctx, group, plan, local, until, attempt, "serve a snapshot", err) {
+			return false, false, true, false, nil
+		}
+		if attempt+1 >= snapshotKeyAttempts {
+			s.m.restoreFailed.Inc()
+			w.log.Warn("the store keeps failing to serve a snapshot; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition,
+				"snapshot", m.Key(), "attempts", attempt+1, "err", err)
+			return false, false, false, false, nil
+		}
+		return false, true, false, false, nil
+	}
+	defer f.Close()
+	r.Consume(m.Bytes) // on the volume now, no longer held apart
+	if ctx.Err() != nil {
+		return false, false, false, true, nil
+	}
+	if h := w.hooks.beforeImport; h != nil {
+		h(pw)
+	}
+	// Importing replaces the state: a partition that has local state
+	// keeps it unless the import begins, and once it has begun, completes
+	// it whatever ctx says (it reads a local file at disk speed), so that
+	// a revocation or a stop never leaves it without the state it had.
+	// Without local state there is nothing to keep: a stop cuts the
+	// import short.
+	lctx := ctx
+	if plan.hasLocal {
+		if ctx.Err() != nil {
+			return false, false, false, true, nil
+		}
+		lctx = context.WithoutCancel(ctx)
+	}
+	err = f.Load(lctx, func(img store.Image, pages func(put func(filter.PageID, []byte) error) error) error {
+		img.Origin = m.Origin().Adopted(plan.origin)
+		return pw.dedup.Restore(img, func(put func(filter.PageID, []byte) error) error {
+			first := true
+			return pages(func(id filter.PageID, b []byte) error {
+				if h := w.hooks.importing; h != nil && first {
+					first = false
+					h(pw)
+				}
+				return put(id, b)
+			})
+		})
+	})
+	switch {
+	case err == nil:
+		// Restored, even if ctx ended meanwhile: the state is the
+		// snapshot's, and the partition stands at its checkpoint.
+		d := time.Since(start)
+		pw.setCheckpoint(m.Checkpoint())
+		pw.snapOffset.Store(m.Offset)
+		pw.snapAt.Store(time.Now().UnixNano())
+		s.m.restores.WithLabelValues("snapshot").Inc()
+		s.m.restoreSeconds.Observe(d.Seconds())
+		w.log.Info("restored from a snapshot; replaying the input after it", "topic", pw.topic, "partition", pw.partition,
+			"offset", m.Offset, "group_offset", until, "bytes", m.Bytes, "state_bytes", m.StateBytes(), "duration", d.Round(time.Millisecond), "snapshot", m.Key())
+		return true, false, false, false, nil
+	case errors.Is(err, snapshot.ErrCorrupt) || errors.Is(err, dedup.ErrSnapshotParams):
+		s.m.restoreFailed.Inc()
+		w.log.Warn("snapshot unusable; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition, "snapshot", m.Key(), "offset", m.Offset, "err", err)
+		return false, false, false, false, nil
+	case errors.Is(err, store.ErrDiskFull):
+		// The volume filled while it imported (its reservation held, so
+		// something else wrote): no state is left of the import; an
+		// older snapshot or the replay, whose write batches stop the
+		// partition with the disk-full error if the room is not there.
+		s.m.restoreNoSpace.Inc()
+		w.log.Warn("the data volume filled while a snapshot was imported; trying an older one, then a replay", "topic", pw.topic, "partition", pw.partition,
+			"snapshot", m.Key(), "bytes_needed", m.RestoreBytes(), "err", err)
+		return false, false, false, false, nil
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return false, false, false, true, nil // a stop cut the import short
+	}
+	// Fetched and checked, then the local store failed while loading it:
+	// a storage error stops the partition.
+	return false, false, false, false, err
+}
+
+// snapshotKeyAttempts is how many times in a row a restore asks the store
+// for one snapshot's object or manifest before it goes on to an older one.
+const snapshotKeyAttempts = 5
 
 // restoreSnapshot loads the newest usable snapshot of the plan into the
 // partition's state and returns where the replay goes on: the snapshot's
@@ -528,12 +581,19 @@ func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Clien
 		}
 		if err != nil {
 			s.m.storeErrors.WithLabelValues("list").Inc()
-			giveUp, stopped := pw.storeAttempt(ctx, group, plan, local, until, attempt, "read a manifest", err)
-			if stopped {
-				return 0, partial, true, nil
-			}
-			if giveUp {
+			if pw.storeGivesUp(ctx, group, plan, local, until, attempt, "read a manifest", err) {
 				break
+			}
+			if attempt+1 >= snapshotKeyAttempts {
+				// One manifest the store will not serve: go on to older
+				// ones rather than wait for it.
+				w.log.Warn("the store keeps failing to serve a snapshot manifest; going on to older ones", "topic", pw.topic, "partition", pw.partition,
+					"manifest", l.Skip(), "attempts", attempt+1, "err", err)
+				attempt = 0
+				continue
+			}
+			if !retryWait(ctx, attempt) {
+				return 0, partial, true, nil
 			}
 			attempt++
 			continue
@@ -578,12 +638,19 @@ func (pw *partitionWorker) restoreSnapshot(ctx context.Context, group *kgo.Clien
 	if err != nil {
 		return 0, partial, false, err
 	}
-	logStart, err := pw.listedOffset(ctx, adm.ListStartOffsets)
-	if ctx.Err() != nil {
-		return 0, partial, true, nil
-	}
-	if err != nil {
-		return 0, partial, false, err
+	// The log start, asked until the brokers answer (a leader moving
+	// during a broker's restart answers NOT_LEADER for a while): the
+	// replay cannot begin without it, and one failed listing is no
+	// reason to stop the worker.
+	var logStart int64
+	for attempt := 0; ; attempt++ {
+		if logStart, err = pw.listedOffset(ctx, adm.ListStartOffsets); err == nil {
+			break
+		}
+		w.log.Warn("cannot list the partition's log start to begin its replay; asking again", "topic", pw.topic, "partition", pw.partition, "attempt", attempt+1, "err", err)
+		if !retryWait(ctx, attempt) {
+			return 0, partial, true, nil
+		}
 	}
 	if logStart > from {
 		if !partial {

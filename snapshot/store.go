@@ -431,6 +431,17 @@ func (l *Listing) Next(ctx context.Context, perRead time.Duration) (m Manifest, 
 	return Manifest{}, false, nil, nil
 }
 
+// Skip passes over the next manifest without reading it: one the store
+// keeps failing to serve. It reports its key ("" at the end).
+func (l *Listing) Skip() string {
+	if len(l.objs) == 0 {
+		return ""
+	}
+	key := l.objs[0].Key
+	l.objs = l.objs[1:]
+	return key
+}
+
 // maxManifestBytes bounds the manifests List reads, in bytes: a manifest
 // is a few hundred bytes of JSON, and a larger object under manifest/ (a
 // bucket writer's mistake or malice) is skipped as ErrCorrupt rather than
@@ -669,6 +680,15 @@ type Pruned struct {
 // PruneReport is Prune, reporting what it deleted; on an error, what it
 // deleted before it.
 func (s *Store) PruneReport(ctx context.Context, tp store.TopicPartition, keep int, grace time.Duration) (Pruned, error) {
+	return s.PruneOf(ctx, tp, store.Origin{}, keep, grace)
+}
+
+// PruneOf is PruneReport for a writer whose state is of origin cur: the
+// highest offset it keeps is that of the snapshots of cur (or, while
+// there is none, of those that record no origin), never one of another
+// topic ID or cluster, which ages out like any other. With the zero cur
+// every snapshot counts.
+func (s *Store) PruneOf(ctx context.Context, tp store.TopicPartition, cur store.Origin, keep int, grace time.Duration) (Pruned, error) {
 	var p Pruned
 	ms, bad, err := s.manifests(ctx, tp)
 	if err != nil {
@@ -682,8 +702,27 @@ func (s *Store) PruneReport(ctx context.Context, tp store.TopicPartition, keep i
 		return nil
 	}
 	var highest string
-	if len(ms) > 0 {
-		highest = ms[0].key
+	if cur.IsZero() {
+		if len(ms) > 0 {
+			highest = ms[0].key
+		}
+	} else {
+		// ms is newest first: the first of cur, else the first recording
+		// no origin.
+		for _, m := range ms {
+			if m.Origin() == cur {
+				highest = m.key
+				break
+			}
+		}
+		if highest == "" {
+			for _, m := range ms {
+				if m.Origin().IsZero() {
+					highest = m.key
+					break
+				}
+			}
+		}
 	}
 	// The newest by the store's clock, not by offset (after the group's
 	// offsets were reset backwards, snapshots of higher offsets must age

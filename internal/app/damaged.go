@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/kdedup/kdedup/consumer"
 )
 
 // damagedPrefix names the directories moveAside creates in the data
@@ -60,7 +62,9 @@ func (d *damaged) measure() {
 // returns, so that the state is kept for inspection while the partitions
 // restore, and the data directory can be a mount point (which cannot itself
 // be renamed). lost+found, a filesystem's own directory at a volume's root,
-// stays. The gauge is measured again afterwards, whether the move
+// stays, and so does consumer.ForeignStatesDir: the states of other topics
+// moved aside are not the damaged state's, and the next damage would
+// delete them with it. The gauge is measured again afterwards, whether the move
 // succeeded or not.
 //
 // Only the newest damage is kept: every earlier damaged-* directory is
@@ -88,7 +92,7 @@ func (d *damaged) moveAside() (string, error) {
 			if err := os.RemoveAll(filepath.Join(d.dir, e.Name())); err != nil {
 				return "", fmt.Errorf("deleting the earlier damaged state %s: %w", e.Name(), err)
 			}
-		case e.Name() != "lost+found":
+		case e.Name() != "lost+found" && e.Name() != consumer.ForeignStatesDir:
 			moved = append(moved, e)
 		}
 	}

@@ -15,11 +15,14 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kdedup/kdedup/consumer"
 )
 
 // TestMoveAsideKeepsOnlyTheNewest: the gauge counts a damaged-* directory
 // left by an earlier run at start-up; two successive moves leave exactly one
-// damaged-* directory, holding exactly the second state, beside lost+found;
+// damaged-* directory, holding exactly the second state, beside lost+found
+// and foreign-states (other topics' states, untouched);
 // after each move kdedup_damaged_state_bytes equals the blocks allocated
 // under damaged-*, summed by walking the directory here.
 func TestMoveAsideKeepsOnlyTheNewest(t *testing.T) {
@@ -27,6 +30,7 @@ func TestMoveAsideKeepsOnlyTheNewest(t *testing.T) {
 	write(t, dir, map[string]string{
 		"damaged-20200101T000000.000Z/000001.vlog": strings.Repeat("o", 3000),
 		"lost+found/kept":                          "fsck",
+		"foreign-states/in/0/data/x.kds":           "another topic's state",
 	})
 	reg := prometheus.NewRegistry()
 	d := newDamaged(dir, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -47,8 +51,8 @@ func TestMoveAsideKeepsOnlyTheNewest(t *testing.T) {
 			t.Fatalf("move %d: %v", i+1, err)
 		}
 		names := entryNames(t, dir)
-		if len(names) != 2 || names[0] != filepath.Base(aside) || names[1] != "lost+found" || !strings.HasPrefix(names[0], damagedPrefix) {
-			t.Fatalf("after move %d the data directory holds %v, want [%s lost+found]", i+1, names, filepath.Base(aside))
+		if len(names) != 3 || names[0] != filepath.Base(aside) || names[1] != consumer.ForeignStatesDir || names[2] != "lost+found" || !strings.HasPrefix(names[0], damagedPrefix) {
+			t.Fatalf("after move %d the data directory holds %v, want [%s %s lost+found]", i+1, names, filepath.Base(aside), consumer.ForeignStatesDir)
 		}
 		if got := read(t, aside); !maps.Equal(got, state) {
 			t.Errorf("after move %d %s holds %v, want state %d: %v", i+1, filepath.Base(aside), keys(got), i+1, keys(state))
@@ -61,6 +65,9 @@ func TestMoveAsideKeepsOnlyTheNewest(t *testing.T) {
 	}
 	if got := read(t, filepath.Join(dir, "lost+found")); !maps.Equal(got, map[string]string{"kept": "fsck"}) {
 		t.Errorf("lost+found holds %v after the moves, want it untouched", got)
+	}
+	if got := read(t, filepath.Join(dir, consumer.ForeignStatesDir)); !maps.Equal(got, map[string]string{"in/0/data/x.kds": "another topic's state"}) {
+		t.Errorf("%s holds %v after the moves, want it untouched: other topics' states are not the damaged state", consumer.ForeignStatesDir, got)
 	}
 }
 
