@@ -44,9 +44,11 @@ const restoreIdle = time.Second
 const DefaultMaxRestores = 4
 
 // restoreFetchBytes bounds what a restore client fetches at once
-// (FetchMaxBytes and FetchMaxPartitionBytes): one partition, read in
-// order, needs no more to keep a replay busy.
-const restoreFetchBytes = 4 << 20
+// (FetchMaxBytes and FetchMaxPartitionBytes, franz-go's default for one
+// partition): one partition, read in order, needs no more to keep a replay
+// busy, and a replay reads little ahead of where retention may delete.
+// The client holds up to two fetches: one buffered, one in flight.
+const restoreFetchBytes = 1 << 20
 
 // restoreRecordsBytes is what one poll of pollRecords records holds
 // besides the batches they were decoded from (kgo.Record structs and
@@ -54,12 +56,12 @@ const restoreFetchBytes = 4 << 20
 const restoreRecordsBytes = 4 << 20
 
 // ReplayMemoryBytes is the most memory one partition's replay holds: its
-// restore client's fetch buffers (restoreFetchBytes), one batch
+// restore client's fetch buffers (two of restoreFetchBytes), one batch
 // decompressed to at most maxDecompressBytes (Options.MaxDecompressBytes),
 // and a poll of decoded records. The worker's memory budget counts
 // Options.MaxRestores of it (or of a snapshot import, if larger).
 func ReplayMemoryBytes(maxDecompressBytes int64) int64 {
-	return restoreFetchBytes + maxDecompressBytes + restoreRecordsBytes
+	return 2*restoreFetchBytes + maxDecompressBytes + restoreRecordsBytes
 }
 
 // startReplay makes the partition replay [from, until) with a restore

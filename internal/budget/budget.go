@@ -26,10 +26,10 @@
 //	cache    = live - runtime - store - fetch - decompress - dirty - restore
 //
 // At the default FLUSH_BYTES, whose Badger takes about 1.3 GiB, a 3 GiB
-// container (T = 2.7 GiB) gets a cache of about 554 MiB (one restore at a
-// time, 72 MiB), and a 2 GiB container is too small; with
+// container (T = 2.7 GiB) gets a cache of about 556 MiB (one restore at a
+// time, 70 MiB), and a 2 GiB container is too small; with
 // FLUSH_BYTES=2MiB Badger takes about 420 MiB and a 2 GiB container gets
-// about 715 MiB. The figures behind the
+// about 717 MiB. The figures behind the
 // shares are in BENCHMARKS.md ("Memory budget").
 package budget
 
