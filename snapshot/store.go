@@ -534,9 +534,21 @@ func (s *Store) check(ctx context.Context, m Manifest) error {
 	h := sha256.New()
 	n, err := io.Copy(h, io.LimitReader(ctxReader{ctx, r}, m.Bytes+1))
 	if err != nil {
-		return fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, s.where, err)
+		return readError(m, s.where, err)
 	}
 	return checkSum(m, n, h)
+}
+
+// readError is the error of reading m's object from where: ErrCorrupt
+// (wrapped) when the store's client found the bytes it received not
+// those the store holds checksums of (the AWS SDK validates S3's CRC32 of
+// a whole object, and says "checksum did not match" in an error type it
+// does not export), the store's error otherwise.
+func readError(m Manifest, where string, err error) error {
+	if strings.Contains(err.Error(), "checksum did not match") {
+		return fmt.Errorf("%w: %s: %w", ErrCorrupt, m.Object, err)
+	}
+	return fmt.Errorf("snapshot: reading %s from %s: %w", m.Object, where, err)
 }
 
 // checkSum compares an object's size n and SHA-256 h with m's.
@@ -586,18 +598,19 @@ func (s *Store) Fetch(ctx context.Context, m Manifest, dir string) (*Fetched, er
 	// object: a restore must not fill the disk with whatever the store
 	// holds (RestoreBytes is what it reserves).
 	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(ctxReader{ctx, r}, m.Bytes+1))
-	if err == nil {
+	if err != nil {
+		err = readError(m, s.where, err)
+	} else {
 		err = checkSum(m, n, h)
 	}
 	if err == nil {
-		_, err = f.Seek(0, io.SeekStart)
+		if _, err = f.Seek(0, io.SeekStart); err != nil {
+			err = fmt.Errorf("snapshot: downloading %s: %w", m.Object, err)
+		}
 	}
 	if err != nil {
 		f.Close()
 		os.Remove(f.Name())
-		if !errors.Is(err, ErrCorrupt) {
-			err = fmt.Errorf("snapshot: downloading %s from %s: %w", m.Object, s.where, err)
-		}
 		return nil, err
 	}
 	return &Fetched{m: m, f: f}, nil
