@@ -21,8 +21,8 @@ import (
 )
 
 // storeProxy is a reverse proxy in front of an S3-compatible server on
-// loopback that delays every request by latency, answers every request
-// 503 until failTill, and, while hang is set, holds every request that
+// loopback that delays every request by latency, answers the next
+// failLeft requests 503, and, while hang is set, holds every request that
 // writes (PUT, POST, DELETE) until the client gives up on it: a slow
 // store, one that is down for a while, and one that stops answering
 // writes.
@@ -30,7 +30,7 @@ type storeProxy struct {
 	addr     string
 	latency  atomic.Int64 // nanoseconds
 	hang     atomic.Bool
-	failTill atomic.Int64 // Unix nanoseconds: until then every request is answered 503
+	failLeft atomic.Int64 // the next requests answered 503, while positive
 	requests atomic.Int64
 	hung     atomic.Int64
 }
@@ -55,7 +55,7 @@ func newStoreProxy(t *testing.T, target string) *storeProxy {
 		case <-r.Context().Done():
 			return
 		}
-		if time.Now().UnixNano() < sp.failTill.Load() {
+		if sp.failLeft.Add(-1) >= 0 {
 			w.Header().Set("Content-Type", "application/xml")
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code><Message>test outage</Message></Error>`))
@@ -238,7 +238,8 @@ func TestStopWithHangingStore(t *testing.T) {
 
 // TestSnapshotStoreDownDuringRestore: with KDEDUP_REBUILD=empty, a worker
 // with an empty disk takes two partitions while their snapshot store
-// answers every request 503 for its first 8 seconds. The partitions wait
+// answers its next 15 requests 503 (the start-up probe's and the first
+// listings', however long the group's join takes). The partitions wait
 // for the store (the failures counted) and restore their snapshots once
 // it answers: repeats of part one's keys are dropped, as the exact model
 // of the whole input says. Before, one failed listing marked the store
@@ -252,7 +253,9 @@ func TestSnapshotStoreDownDuringRestore(t *testing.T) {
 	part1, part2 := twoParts()
 	p.runPart(t, t.TempDir(), part1)
 	p.feed(t, part2, len(part2), 0).wait(t)
-	proxy.failTill.Store(time.Now().Add(8 * time.Second).UnixNano())
+	// The next 15 requests fail: the start-up probe's and the first
+	// listings', each tried 3 times by the SDK, whenever they come.
+	proxy.failLeft.Store(15)
 	w := p.startWorker(t, t.TempDir())
 	w.waitReplayed(t)
 	want, got := p.output(t, append(append([]*kgo.Record{}, part1...), part2...))
