@@ -112,10 +112,7 @@ func testStopDuringImport(t *testing.T, during bool) {
 	} else {
 		w.hooks.beforeImport = stop
 	}
-	pw := newPartition(w, cl, "in", 0, d)
-	pw.awaitingPlan.Store(true)
-	w.unplanned.Add(1)
-	w.parts[tp] = pw
+	pw := assignForPlan(w, cl, "in", 0, d)
 	if _, err := w.adjustOffsets(context.Background(), map[string]map[int32]kgo.Offset{"in": {0: kgo.NewOffset().At(300_000)}}); err != nil {
 		t.Fatal(err)
 	}

@@ -129,10 +129,7 @@ func TestPlanChecksOrigin(t *testing.T) {
 			}
 			w.connected = make(chan struct{})
 			w.publish(nil, cl)
-			pw := newPartition(w, cl, "in", 0, d)
-			pw.awaitingPlan.Store(true)
-			w.unplanned.Add(1)
-			w.parts[store.TopicPartition{Topic: "in", Partition: 0}] = pw
+			pw := assignForPlan(w, cl, "in", 0, d)
 			t.Cleanup(func() { pw.stopReplay(true) })
 
 			got, err := w.adjustOffsets(context.Background(), map[string]map[int32]kgo.Offset{"in": {0: group}})

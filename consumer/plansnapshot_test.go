@@ -121,10 +121,7 @@ func testPlanCancelled(t *testing.T, delivery Delivery, rebuildEmpty bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pw := newPartition(w, cl, "in", 0, d)
-	pw.awaitingPlan.Store(true)
-	w.unplanned.Add(1)
-	w.parts[store.TopicPartition{Topic: "in", Partition: 0}] = pw
+	pw := assignForPlan(w, cl, "in", 0, d)
 	w.ready.Store(true)
 	t.Cleanup(func() { pw.stopReplay(true) })
 	offsets := func() map[string]map[int32]kgo.Offset {

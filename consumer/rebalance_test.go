@@ -66,10 +66,7 @@ func TestAdjustOffsetsTwicePlansOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pw := newPartition(w, cl, "in", 0, d)
-	pw.awaitingPlan.Store(true)
-	w.unplanned.Add(1)
-	w.parts[store.TopicPartition{Topic: "in", Partition: 0}] = pw
+	pw := assignForPlan(w, cl, "in", 0, d)
 	w.ready.Store(true) // the group's assignment is complete
 	t.Cleanup(func() { pw.stopReplay(true) })
 
@@ -94,4 +91,14 @@ func TestAdjustOffsetsTwicePlansOnce(t *testing.T) {
 		t.Errorf("not ready 20s after two plans of one replay of 10 records: restoring %d, partition owner %d, replay left %d",
 			w.restoring.Load(), pw.owner(), pw.replayLeft.Load())
 	}
+}
+
+// assignForPlan registers d as an assigned partition of w awaiting its
+// plan, as Worker.assigned does, and returns it.
+func assignForPlan(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Deduplicator) *partitionWorker {
+	pw := newPartition(w, cl, topic, p, d)
+	pw.awaitingPlan.Store(true)
+	w.unplanned.Add(1)
+	w.parts[store.TopicPartition{Topic: topic, Partition: p}] = pw
+	return pw
 }

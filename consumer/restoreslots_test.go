@@ -58,10 +58,7 @@ func TestReplaysWaitForARestoreSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pw := newPartition(w, cl, "in", 0, d)
-	pw.awaitingPlan.Store(true)
-	w.unplanned.Add(1)
-	w.parts[store.TopicPartition{Topic: "in", Partition: 0}] = pw
+	pw := assignForPlan(w, cl, "in", 0, d)
 	w.ready.Store(true)
 	t.Cleanup(func() { pw.stopReplay(true) })
 
