@@ -91,7 +91,7 @@ func needsS3(t *testing.T) *s3test.Server {
 	return s3test.New(t)
 }
 
-// TestSnapshotRestoresOverSlowStore moves 200 partitions, each with a
+// TestSnapshotRestoresOverSlowStore moves 120 partitions, each with a
 // snapshot at its group offset, to a worker with an empty disk whose
 // snapshot store answers every request 100 ms late. Every partition must be
 // restored from its snapshot and none replayed, and the first record of the
@@ -100,11 +100,10 @@ func needsS3(t *testing.T) *s3test.Server {
 // download (3 requests, 0.3 s here) after the group's join, and partitions
 // restore 8 listings at a time, outside the group's callback. Planning
 // partition after partition inside the callback, a listing and every
-// manifest each, held every fetch for 200 x (1 + KEEP) x 100 ms, over a
-// minute.
+// manifest each, held every fetch for 120 x (1 + KEEP) x 100 ms, 48 s.
 func TestSnapshotRestoresOverSlowStore(t *testing.T) {
 	srv := needsS3(t)
-	const partitions = 200
+	const partitions = 120
 	p := newPipeline(t, partitions)
 	proxy := newStoreProxy(t, srv.Endpoint())
 	p.extraEnv = map[string]string{"KDEDUP_SNAPSHOT_INTERVAL": "1s", "KDEDUP_SNAPSHOT_URL": srv.URL(p.group)}
