@@ -165,8 +165,8 @@ func TestOccurrenceLimitAgainstExactModel(t *testing.T) {
 				if st.Items != uint64(m.copies()) {
 					t.Errorf("filter holds %d fingerprints, model %d copies of live keys", st.Items, m.copies())
 				}
-				if st.SubFilters < 2 {
-					t.Errorf("chain has %d sub-filters; the run should have expanded it", st.SubFilters)
+				if st.Splits == 0 {
+					t.Errorf("chain has %d sub-filters and no split; the run should have grown it", st.SubFilters)
 				}
 				part := fmt.Sprint(partition)
 				for name, want := range map[string]int{
@@ -355,50 +355,51 @@ func TestOpenRefusesMaxOccurrences(t *testing.T) {
 	}
 }
 
-// TestMaxDirtyPagesPerRecord: a key whose 3 copies were added to 3
-// different sub-filters (the chain grew between its records) dirties 3
-// pages when deleted, which MaxDirtyPagesPerRecord bounds from the start
-// (a static bound: a transaction sized before the chain grows must still
-// fit); with the default limit a record dirties one page.
+// TestMaxDirtyPagesPerRecord: MaxDirtyPagesPerRecord bounds, from the
+// start (a static bound: a transaction sized before the chain grows must
+// still fit), the pages every record dirties while a chain grows 64 times
+// in place: an insert that splits its page dirties two pages, a delete of
+// a key with MaxOccurrences copies at most that many, and no record more
+// than the bound.
 func TestMaxDirtyPagesPerRecord(t *testing.T) {
 	db := openDB(t, "", store.Options{})
-	p := openPartition(t, db, "orders", 0, Options{Filter: smallChain, MaxOccurrences: 3}, nil)
-	defer p.Close()
-	d := &decider{t: t, p: p}
-	if n := p.MaxDirtyPagesPerRecord(); n != 3 {
-		t.Fatalf("MaxDirtyPagesPerRecord of a one-sub-filter chain = %d, want 3 (the limit)", n)
-	}
-	filler := 0
-	for copies := range 3 {
-		d.expect(Forward, put, "k")
-		for subs := p.Stats().SubFilters; p.Stats().SubFilters == subs && copies < 2; filler++ {
-			d.expect(Forward, put, fmt.Sprintf("filler-%d", filler))
+	for _, tc := range []struct {
+		opts Options
+		want int
+	}{
+		{Options{Filter: smallChain}, filter.MaxPagesChangedByInsert},
+		{Options{Filter: smallChain, Refresh: true, MaxOccurrences: 2}, filter.MaxPagesChangedByInsert + 1},
+		{Options{Filter: smallChain, MaxOccurrences: 8}, 8},
+	} {
+		p := openPartition(t, db, "orders", int32(tc.want), tc.opts, nil)
+		if n := p.MaxDirtyPagesPerRecord(); n != tc.want {
+			t.Fatalf("MaxDirtyPagesPerRecord with %+v = %d, want %d", tc.opts, n, tc.want)
 		}
-	}
-	if st := p.Stats(); st.SubFilters != 3 {
-		t.Fatalf("chain has %d sub-filters, want 3", st.SubFilters)
-	}
-	if n := p.MaxDirtyPagesPerRecord(); n != 3 {
-		t.Fatalf("MaxDirtyPagesPerRecord = %d, want 3 (the limit)", n)
-	}
-	if err := p.Commit(store.Checkpoint{Offset: d.off}); err != nil {
-		t.Fatal(err)
-	}
-	d.expect(Delete, tombstone, "k")
-	if got := p.state.DirtyPages(); got != 3 {
-		t.Fatalf("deleting a key with copies in 3 sub-filters dirtied %d pages, want 3", got)
-	}
-	if got, limit := p.DirtyBytes(), int64(3*p.chain.Params().PageBytes); got > limit {
-		t.Fatalf("deleting a key with copies in 3 sub-filters counts %d dirty bytes, more than 3 pages, %d", got, limit)
-	}
-	d.expect(Forward, put, "k")
-
-	q := openPartition(t, db, "orders", 1, Options{Filter: smallChain}, nil)
-	defer q.Close()
-	for i := 0; q.Stats().SubFilters < 3; i++ {
-		(&decider{t: t, p: q, off: int64(i)}).expect(Forward, put, fmt.Sprintf("filler-%d", i))
-	}
-	if n := q.MaxDirtyPagesPerRecord(); n != 1 {
-		t.Fatalf("MaxDirtyPagesPerRecord with the default limit = %d, want 1", n)
+		d := &decider{t: t, p: p}
+		most := 0
+		for i := range 64 * 1024 {
+			k := fmt.Sprintf("k-%d", i)
+			d.expect(Forward, put, k)
+			if i%5 == 0 && tc.opts.MaxOccurrences > 1 {
+				for range tc.opts.MaxOccurrences - 1 {
+					d.expect(Forward, put, k)
+				}
+				if err := p.Commit(store.Checkpoint{Offset: d.off}); err != nil {
+					t.Fatal(err)
+				}
+				d.expect(Delete, tombstone, k)
+			}
+			most = max(most, p.state.DirtyPages())
+			if err := p.Commit(store.Checkpoint{Offset: d.off}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if st := p.Stats(); st.Splits == 0 || most < 2 {
+			t.Fatalf("%d splits, at most %d pages dirtied by a record: the test proves nothing", st.Splits, most)
+		}
+		if most > tc.want {
+			t.Fatalf("a record dirtied %d pages, MaxDirtyPagesPerRecord %d", most, tc.want)
+		}
+		p.Close()
 	}
 }

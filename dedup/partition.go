@@ -380,27 +380,14 @@ func (p *Deduplicator) full(r *kgo.Record, err error) error {
 }
 
 // deleteAll removes every copy of key's fingerprint and returns how many it
-// removed. The key holds at most MaxOccurrences of them (a limit lowered
-// since may have left more); removing all is what makes the key's next
-// record a Forward whatever the limit. Copies of other keys sharing the
-// fingerprint and buckets go too: each lets one more record of that key
-// through later, it never drops one.
+// removed (filter.Chain.DeleteAll: one page of each sub-filter). The key
+// holds at most MaxOccurrences of them (a limit lowered since may have left
+// more); removing all is what makes the key's next record a Forward
+// whatever the limit. Copies of other keys sharing the fingerprint and
+// buckets go too: each lets one more record of that key through later, it
+// never drops one.
 func (p *Deduplicator) deleteAll(key []byte) (int, error) {
-	// The slots of the key's two candidate buckets in every sub-filter of
-	// the longest chain (every live generation at its longest): each Delete
-	// that finds a copy empties one of them, so the loop ends before this
-	// bound. A constant, so that a delete does not compute the chain's
-	// statistics.
-	bound := 2 * p.chain.Params().BucketSize * filter.MaxSubFilters * (filter.MaxGenerations + 1)
-	n := 0
-	for n < bound {
-		found, err := p.chain.Delete(key)
-		if err != nil || !found {
-			return n, err
-		}
-		n++
-	}
-	return n, nil
+	return p.chain.DeleteAll(key)
 }
 
 func (p *Deduplicator) count(d Decision) {
@@ -540,9 +527,11 @@ func (p *Deduplicator) Checkpoint() (cp store.Checkpoint, ok bool) { return p.st
 
 // MaxDirtyPagesPerRecord bounds the filter pages deciding one record
 // changes, for sizing a batch of records whose changes must fit in one
-// write batch: an insert changes one page; a refresh two (the copy leaves
-// one page for another); a delete changes one page per sub-filter holding
-// a copy of its key, and a key has at most MaxOccurrences copies. Expired
+// write batch: an insert changes at most filter.MaxPagesChangedByInsert
+// (its page, the page a split of it makes and one of another
+// sub-filter); a refresh one more (the copy leaves one page for another);
+// a delete changes one page per sub-filter holding a copy of its key, and
+// a key has at most MaxOccurrences copies. Expired
 // generations dirty nothing: their pages are deleted after the write batch. (A lowered limit can leave more copies, and other
 // keys' copies sharing the fingerprint, with probability about the
 // false-positive rate, can add a page; bounds with headroom absorb both.)
@@ -556,11 +545,11 @@ func (p *Deduplicator) MaxDirtyPagesPerRecord() int { return p.opts.MaxDirtyPage
 // Refresh. Static, so that a batch can be sized before any partition is
 // open.
 func (o Options) MaxDirtyPagesPerRecord() int {
-	n := o.maxOccurrences()
+	n := filter.MaxPagesChangedByInsert
 	if o.Refresh {
-		n = max(n, 2)
+		n++
 	}
-	return n
+	return max(n, o.maxOccurrences())
 }
 
 // MaxPagesPerRecord bounds the filter pages deciding the next record can

@@ -39,8 +39,8 @@ func TestAltLocalIsAFixedPointFreeInvolution(t *testing.T) {
 
 // TestBucketsPerPageEvenAndAtLeastTwo covers every valid page size, bucket
 // size and width: a page has an even number of buckets, at least two, so
-// that altLocal has a partner for each; the odd whole-bucket counts (455 at
-// the defaults) leave their last bucket unused. A page of one bucket (the
+// that altLocal has a partner for each; the odd whole-bucket counts (455
+// with 18-bit slots) leave their last bucket unused. A page of one bucket (the
 // smallest pages of 32-bit fingerprints) is refused by Validate: a key
 // would have one bucket and b slots.
 func TestBucketsPerPageEvenAndAtLeastTwo(t *testing.T) {
@@ -67,49 +67,36 @@ func TestBucketsPerPageEvenAndAtLeastTwo(t *testing.T) {
 			}
 		}
 	}
-	if p := (Params{}).WithDefaults(); p.PageBytes*8/(p.BucketSize*p.SubFilterBits(0)) != 455 || p.bucketsPerPage(p.SubFilterBits(0)) != 454 {
-		t.Fatalf("defaults: %d buckets a page", p.bucketsPerPage(p.SubFilterBits(0)))
+	if p := (Params{FingerprintBits: 18}).WithDefaults(); p.PageBytes*8/(p.BucketSize*18) != 455 || p.bucketsPerPage(18) != 454 {
+		t.Fatalf("18-bit slots: %d buckets a page", p.bucketsPerPage(18))
 	}
 	if odd == 0 {
 		t.Fatal("no odd whole-bucket count was covered")
 	}
 }
 
-// TestKeysOnceSelfPairedHold2bCopies takes keys whose alternate bucket
-// equalled their primary one under the former alternate, (m - i) mod n
-// over the 455 whole buckets of a default page: such a key had b slots,
-// so its (b+1)th copy grew the chain, and with MAX_OCCURRENCES between b+1
-// and 2b every hot key among them added a sub-filter. Now each holds 2b
-// copies in one sub-filter, and all are counted and deleted.
-func TestKeysOnceSelfPairedHold2bCopies(t *testing.T) {
-	c, _ := newMem(t, Params{Capacity: 1000}) // one page, 18-bit fingerprints
+// TestKeysHold2bCopies adds 2b copies of each of 25 keys to a one-page
+// sub-filter of 18-bit slots, 455 whole buckets (odd: the last one is
+// unused, so that no key's alternate is its primary bucket, under which a
+// key had b slots and its (b+1)th copy grew the chain): each key holds
+// its 2b copies in its two buckets without a split or a new sub-filter,
+// and all are counted and deleted.
+func TestKeysHold2bCopies(t *testing.T) {
+	c, _ := newMem(t, Params{FingerprintBits: 18, Capacity: 1000})
 	sf := c.subs[0]
 	b := c.p.BucketSize
-	whole := uint64(c.p.PageBytes * 8 / (b * sf.FingerprintBits))
-	if sf.Pages != 1 || whole != 455 {
+	if whole := uint64(c.p.PageBytes * 8 / (b * sf.FingerprintBits)); sf.Pages != 1 || whole != 455 {
 		t.Fatalf("%d pages of %d whole buckets, want 1 of 455", sf.Pages, whole)
 	}
-	formerPrimaryIsAlternate := func(k []byte) bool {
-		h := c.hash(k)
-		i := (uint64(uint32(h)) * sf.Pages & 0xffffffff * whole) >> 32
-		fp := max(uint32(h>>32)&fpMask(sf.FingerprintBits), 1)
-		m := ((uint64(fp) * 0x9e3779b97f4a7c15) >> 32) * whole >> 32
-		return (m+whole-i)%whole == i
-	}
-	found := 0
-	for i := 0; found < 25; i++ {
+	for i := range 25 {
 		k := key("hot", i)
-		if !formerPrimaryIsAlternate(k) {
-			continue
-		}
-		found++
 		for range 2 * b {
 			if err := c.Add(k); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if got := len(c.subs); got != 1 {
-			t.Fatalf("key %s: %d copies grew the chain to %d sub-filters", k, 2*b, got)
+		if got := len(c.subs); got != 1 || c.subs[0].Pages != 1 {
+			t.Fatalf("key %s: %d copies grew the chain to %d sub-filters, %d pages", k, 2*b, got, c.subs[0].Pages)
 		}
 		if n, err := c.Count(k); err != nil || n != 2*b {
 			t.Fatalf("key %s: Count = %d, %v; want %d", k, n, err, 2*b)

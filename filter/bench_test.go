@@ -3,8 +3,10 @@ package filter
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -61,17 +63,17 @@ func BenchmarkChainInsert(b *testing.B) {
 	b.ReportMetric(float64(c.Stats().SubFilters), "sub-filters")
 }
 
-// BenchmarkLoadAtFirstExpansion reports the load factor at the first failed
-// insert of a sub-filter with default parameters (18-bit fingerprints from
-// the default target rate, b=4, 4 KiB pages) at 2^20 and 2^24 keys of
+// BenchmarkLoadAtFirstSplit reports the load factor of a sub-filter with
+// default parameters (21-bit slots from the default target rate, b=4,
+// 4 KiB pages) when its first page splits, at 2^20 and 2^24 keys of
 // capacity, as the load-factor metric.
-func BenchmarkLoadAtFirstExpansion(b *testing.B) {
+func BenchmarkLoadAtFirstSplit(b *testing.B) {
 	for _, capacity := range []uint64{1 << 20, 1 << 24} {
 		b.Run(fmt.Sprintf("capacity=%d", capacity), func(b *testing.B) {
 			var load float64
 			for b.Loop() {
 				c, _ := newMem(b, Params{Capacity: capacity})
-				load = fillUntilExpansion(b, c)
+				load = fillUntilSplit(b, c)
 			}
 			b.ReportMetric(load, "load")
 		})
@@ -79,13 +81,15 @@ func BenchmarkLoadAtFirstExpansion(b *testing.B) {
 }
 
 // BenchmarkChainGrowth grows one chain with the default Params (capacity
-// 1,000,000, 18-bit first fingerprints, b = 4, 4 KiB pages) to
-// KDEDUP_BENCH_GROWTH_KEYS distinct keys (default 25,000,000, the keys a
-// partition of a 100M-key worker on 4 partitions holds) and reports, for
-// each sub-filter k the chain adds, the chain's load factor just before
-// (load-before-sub-k) and its bits of pages per key just after
-// (bits/key-after-sub-k), the saw-tooth's peaks; then bits/key and the
-// chain's load at the end. Not timed: b.N only repeats it.
+// 1,000,000, 21-bit slots, b = 4, 4 KiB pages) to KDEDUP_BENCH_GROWTH_KEYS
+// distinct keys (default 25,000,000, the keys a partition of a 100M-key
+// worker on 4 partitions holds) and reports the bits of pages per key at
+// the end (bits/key), their maximum and mean over 200 points spaced
+// evenly on a log scale from 2M keys (or n/100) to the end (bits/key-max,
+// bits/key-mean), the load, the sub-filters and the most pages a lookup
+// reads (pages/lookup: the sub-filters). With KDEDUP_BENCH_DATA set it
+// writes the points as CSV (keys, bits/key, load, sub-filters, estimated
+// FPR) for internal/benchplot. Not timed: b.N only repeats it.
 //
 //	go test -run '^$' -bench ChainGrowth -benchtime 1x ./filter
 func BenchmarkChainGrowth(b *testing.B) {
@@ -93,24 +97,40 @@ func BenchmarkChainGrowth(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("KDEDUP_BENCH_GROWTH_KEYS")); err == nil && v > 0 {
 		n = v
 	}
+	from := min(2_000_000, n/100)
+	const points = 200
 	for b.Loop() {
 		c, _ := newMem(b, Params{})
 		var k [8]byte
+		var csv strings.Builder
+		csv.WriteString("keys,bits_per_key,load,sub_filters,estimated_fpr\n")
+		most, sum, taken := 0.0, 0.0, 0
+		next := float64(from)
 		for i := 1; i <= n; i++ {
 			binary.LittleEndian.PutUint64(k[:], uint64(i))
-			subs, load := len(c.subs), c.Stats().LoadFactor
 			if _, err := c.Insert(k[:]); err != nil {
 				b.Fatal(err)
 			}
-			if len(c.subs) != subs {
+			if float64(i) >= next {
 				s := c.Stats()
-				b.ReportMetric(load, fmt.Sprintf("load-before-sub-%d", s.SubFilters))
-				b.ReportMetric(float64(s.Bytes*8)/float64(i), fmt.Sprintf("bits/key-after-sub-%d", s.SubFilters))
+				bits := float64(s.Bytes*8) / float64(i)
+				most, sum, taken = max(most, bits), sum+bits, taken+1
+				fmt.Fprintf(&csv, "%d,%.3f,%.4f,%d,%.4g\n", i, bits, s.LoadFactor, s.SubFilters, s.EstimatedFPR)
+				next *= math.Pow(float64(n)/float64(from), 1.0/points)
 			}
 		}
 		s := c.Stats()
 		b.ReportMetric(float64(s.Bytes*8)/float64(n), "bits/key")
+		b.ReportMetric(most, "bits/key-max")
+		b.ReportMetric(sum/float64(max(taken, 1)), "bits/key-mean")
 		b.ReportMetric(s.LoadFactor, "load")
+		b.ReportMetric(float64(s.SubFilters), "pages/lookup")
+		b.ReportMetric(s.EstimatedFPR, "estimated-fpr")
 		b.ReportMetric(0, "ns/op")
+		if out := os.Getenv("KDEDUP_BENCH_DATA"); out != "" {
+			if err := os.WriteFile(out, []byte(csv.String()), 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }

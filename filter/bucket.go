@@ -1,30 +1,38 @@
 package filter
 
-// The bit-packed buckets of a page: where a key's two candidate buckets and
-// fingerprint lie in a sub-filter, and reading and writing f-bit slots.
+// The bit-packed buckets of a page: where a key's page, two candidate
+// buckets and fingerprint lie in a sub-filter, the variable-length
+// fingerprints of a sub-filter that grows in place, and reading and
+// writing W-bit slots.
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"math/bits"
+)
 
 // position is where a key lives in one sub-filter: its page, the bit
 // offsets of its two candidate buckets in that page (always distinct, see
-// altLocal), and its fingerprint.
+// altLocal), its tag and the hash bits from the page's depth on.
 type position struct {
 	id     PageID
 	b1, b2 int // bit offsets of the buckets
-	fp     uint32
-	sub    *SubFilter
+	// tag is the low tagBits bits of the fingerprint: compared exactly, and
+	// the only input of the alternate bucket, so that an entry's two
+	// buckets never change as its page splits.
+	tag uint32
+	// q is the key's hash bits after its tag and its page's depth bits:
+	// bit 0 chooses its child when the page splits, and the low bits are
+	// what an entry of the key stores after its tag.
+	q     uint64
+	depth int
+	sub   *SubFilter
 }
 
 // open sets *pos to where hash h lives in sub-filter s and returns the
-// page holding it: how every operation on one sub-filter begins (pos is
-// an out parameter, as a returned position, page and error take more
-// registers than results are passed in). The low 32 bits of h
-// choose the page and the bucket inside it by one multiply-shift (Lemire's
-// fast range, twice): x = lo32*Pages, the page is x>>32 and the bucket in
-// the page is (uint32(x)*bucketsPerPage)>>32, so any page count works and
-// the two indexes use the bits of the product's two halves. The fingerprint
-// comes from the high 32 bits, so index and fingerprint never share bits.
-// The error is the page's (Chain.page).
+// page holding it: how every operation on one sub-filter begins (pos is an
+// out parameter, as a returned position, page and error take more
+// registers than results are passed in). The error is the page's
+// (Chain.page).
 func (c *Chain) open(pos *position, h uint64, s int) ([]byte, error) {
 	c.locate(pos, h, s)
 	return c.page(pos.id)
@@ -32,49 +40,115 @@ func (c *Chain) open(pos *position, h uint64, s int) ([]byte, error) {
 
 // locate sets *pos to where hash h lives in sub-filter s, as open does,
 // without reading the page.
+//
+// The low 32 bits of h choose the root page and the bucket inside it by
+// one multiply-shift (Lemire's fast range, twice): x = lo32*RootPages, the
+// root page is x>>32 and the bucket (uint32(x)*bucketsPerPage)>>32. The
+// fingerprint bits (fingerprintBits) are independent of them: the tag, then
+// one bit per split of the root page, which chooses the child (linear
+// hashing's numbering: page k at depth d splits into k and
+// k + RootPages*2^d), then the bits an entry stores.
 func (c *Chain) locate(pos *position, h uint64, s int) {
 	sf := &c.subs[s]
-	x := uint64(uint32(h)) * sf.Pages
+	x := uint64(uint32(h)) * sf.RootPages
 	local := (x & 0xffffffff * sf.bucketsPerPage) >> 32
-	f := sf.FingerprintBits
-	fp := uint32(h>>32) & fpMask(f)
-	if fp == 0 {
-		fp = 1
-	}
-	bb := c.p.BucketSize * f
+	g := fingerprintBits(h)
+	tag := uint32(g) & (1<<sf.tagBits - 1)
+	q := g >> sf.tagBits
+	page, d := sf.pageOf(x>>32, q)
+	bb := c.p.BucketSize * sf.FingerprintBits
 	*pos = position{
-		id:  PageID{SubFilter: sf.ID, Page: uint32(x >> 32)},
-		b1:  int(local) * bb,
-		b2:  int(altLocal(local, fp, sf.bucketsPerPage)) * bb,
-		fp:  fp,
-		sub: sf,
+		id:    PageID{SubFilter: sf.ID, Page: uint32(page)},
+		b1:    int(local) * bb,
+		b2:    int(altLocal(local, tag, sf.bucketsPerPage)) * bb,
+		tag:   tag,
+		q:     q >> d,
+		depth: d,
+		sub:   sf,
 	}
 }
 
-func fpMask(f int) uint32 { return uint32(uint64(1)<<f - 1) }
+// fingerprintBits are the hash bits a fingerprint is cut from: the high 32
+// bits of h, then 32 bits of a SplitMix64 finalizer of h (Steele et al.
+// 2014) for the widest slots at the deepest pages, which need up to 39
+// bits (tag, MaxDepth split bits, MaxDepth stored bits).
+func fingerprintBits(h uint64) uint64 {
+	z := (h ^ h>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return h>>32 | z&^0xffffffff
+}
+
+// pageOf returns the page holding hash bits q (after the tag) whose root
+// page is root, and that page's depth: from the depth every page has
+// reached, it follows the splits down, one bit of q per split.
+func (s *SubFilter) pageOf(root, q uint64) (uint64, int) {
+	d := s.minDepth
+	k := root + s.RootPages*(q&(1<<d-1))
+	for d < s.maxDepth && int(s.depths[k]) > d {
+		if q>>d&1 != 0 {
+			k += s.RootPages << d
+		}
+		d++
+	}
+	return k, d
+}
+
+// entry is the slot value of a new entry of pos: its tag, then maxDepth
+// bits of q, then a terminating 1 bit; a split drops the lowest bit of
+// the stored prefix (it chose the child), so an entry keeps one bit less
+// per split since it was inserted.
+func (pos *position) entry() uint32 {
+	d := pos.sub.maxDepth
+	return pos.tag | uint32(pos.q&(1<<d-1)|1<<d)<<pos.sub.tagBits
+}
+
+// matches reports whether slot value v holds an entry pos's key may have
+// inserted: the tags are equal and the prefix the entry kept equals the
+// key's bits at the same places. 0 is an empty slot.
+func (pos *position) matches(v uint32) bool {
+	k := pos.sub.tagBits
+	if (v^pos.tag)&(1<<k-1) != 0 || v == 0 {
+		return false
+	}
+	return prefixMatches(uint64(v>>k), pos.q)
+}
+
+// prefixMatches compares the stored part s (prefix then a terminating 1
+// bit) with the key's bits q.
+func prefixMatches(s, q uint64) bool {
+	l := bits.Len64(s) - 1
+	return (s^q)&(1<<l-1) == 0
+}
+
+// prefixLen is the number of prefix bits the entry in slot value v keeps
+// (tagBits k).
+func prefixLen(v uint32, k int) int { return bits.Len32(v>>k) - 1 }
 
 // altLocal is the page-local alternate bucket of partial-key cuckoo hashing
 // (Fan et al. section 3.1) over a page of n buckets, n even and at least 2
 // (Params.bucketsPerPage) but not a power of two in general:
 //
-//	alt(i) = (m - i) mod n, m = 2*(mix(fp) mod n/2) + 1
+//	alt(i) = (m - i) mod n, m = 2*(mix(tag) mod n/2) + 1
 //
 // It is an involution in i (alt(alt(i)) = i), like the paper's i XOR
 // hash(fp) for power-of-two n, so an eviction walk finds a fingerprint's
 // other bucket from the bucket it is in. m is odd and n even, so
 // 2i = m (mod n) has no solution: the alternate never equals the primary,
-// and every key has two distinct buckets, 2b slots, for its copies. (With an
-// odd n no involution is free of fixed points, hence the even n: an odd
-// page count of buckets gave about one key in n a single bucket.) mix takes
-// the high half of a 64-bit multiplicative hash so that every bit of fp
-// matters.
-func altLocal(local uint64, fp uint32, n uint64) uint64 {
-	m := (((uint64(fp)*0x9e3779b97f4a7c15)>>32)*(n/2)>>32)*2 + 1
+// and every key has two distinct buckets, 2b slots, for its copies. mix
+// takes the high half of a 64-bit multiplicative hash so that every bit of
+// the tag matters. The tag is a fixed part of the fingerprint that a split
+// never shortens, so an entry's buckets are the same in every page it is
+// moved to.
+func altLocal(local uint64, tag uint32, n uint64) uint64 {
+	m := (((uint64(tag)*0x9e3779b97f4a7c15)>>32)*(n/2)>>32)*2 + 1
 	if m >= local {
 		return m - local
 	}
 	return m + n - local
 }
+
+func fpMask(f int) uint32 { return uint32(uint64(1)<<f - 1) }
 
 // get reads the f-bit slot at bit offset off, little endian.
 func get(pg []byte, off, f int) uint32 {
@@ -140,71 +214,72 @@ func (w bucketBits) slot(k, f int) uint32 {
 	return uint32(v) & fpMask(f)
 }
 
-// count returns how many f-bit slots of the bucket at bit offset b hold fp.
-func (c *Chain) count(pg []byte, b, f int, fp uint32) int {
-	n := 0
-	bs := c.p.BucketSize
-	if w := loadBucket(pg, b, bs*f); w.ok {
-		for k := range bs {
-			if w.slot(k, f) == fp {
-				n++
-			}
-		}
-		return n
+// slotAt returns slot k of the bucket at bit offset b, from w when it holds
+// the bucket.
+func slotAt(pg []byte, w bucketBits, b, k, f int) uint32 {
+	if w.ok {
+		return w.slot(k, f)
 	}
+	return get(pg, b+k*f, f)
+}
+
+// copies returns how many slots of both buckets of pos hold an entry
+// matching pos's key.
+func (c *Chain) copies(pg []byte, pos *position) int {
+	f, bs := pos.sub.FingerprintBits, c.p.BucketSize
+	w1, w2 := loadBucket(pg, pos.b1, bs*f), loadBucket(pg, pos.b2, bs*f)
+	n := 0
 	for k := range bs {
-		if get(pg, b+k*f, f) == fp {
+		if pos.matches(slotAt(pg, w1, pos.b1, k, f)) {
+			n++
+		}
+		if pos.matches(slotAt(pg, w2, pos.b2, k, f)) {
 			n++
 		}
 	}
 	return n
 }
 
-// find returns the bit offset of the first f-bit slot of bucket b holding
-// fp, or -1.
-func (c *Chain) find(pg []byte, b, f int, fp uint32) int {
-	bs := c.p.BucketSize
-	if w := loadBucket(pg, b, bs*f); w.ok {
-		for k := range bs {
-			if w.slot(k, f) == fp {
-				return b + k*f
+// longest returns the bit offset of the slot of pos's buckets holding the
+// matching entry with the longest fingerprint (the one least likely to be
+// another key's, as InfiniFilter deletes), or -1.
+func (c *Chain) longest(pg []byte, pos *position) int {
+	f, bs, k := pos.sub.FingerprintBits, c.p.BucketSize, pos.sub.tagBits
+	best, bestLen := -1, -1
+	for _, b := range [2]int{pos.b1, pos.b2} {
+		for i := range bs {
+			off := b + i*f
+			if v := get(pg, off, f); pos.matches(v) {
+				if l := prefixLen(v, k); l > bestLen {
+					best, bestLen = off, l
+				}
 			}
 		}
-		return -1
 	}
-	for k := range bs {
-		if off := b + k*f; get(pg, off, f) == fp {
+	return best
+}
+
+// findEmpty returns the bit offset of the first empty f-bit slot of the
+// bucket at bit offset b, or -1.
+func (c *Chain) findEmpty(pg []byte, b, f int) int {
+	for k := range c.p.BucketSize {
+		if off := b + k*f; get(pg, off, f) == 0 {
 			return off
 		}
 	}
 	return -1
 }
 
-// copies returns how many slots of both buckets of pos hold pos.fp.
-func (c *Chain) copies(pg []byte, pos position) int {
-	f := pos.sub.FingerprintBits
-	return c.count(pg, pos.b1, f, pos.fp) + c.count(pg, pos.b2, f, pos.fp)
-}
-
 // probe reads both buckets of pos once: found reports whether either holds
-// pos.fp, and empty is the bit offset of the first empty slot (the primary
-// bucket's first), or -1.
-func (c *Chain) probe(pg []byte, pos position) (found bool, empty int) {
+// an entry matching pos's key, and empty is the bit offset of the first
+// empty slot (the primary bucket's first), or -1.
+func (c *Chain) probe(pg []byte, pos *position) (found bool, empty int) {
 	f, bs := pos.sub.FingerprintBits, c.p.BucketSize
 	w1, w2 := loadBucket(pg, pos.b1, bs*f), loadBucket(pg, pos.b2, bs*f)
-	if !w1.ok || !w2.ok {
-		if c.find(pg, pos.b1, f, pos.fp) >= 0 || c.find(pg, pos.b2, f, pos.fp) >= 0 {
-			return true, -1
-		}
-		if empty = c.find(pg, pos.b1, f, 0); empty < 0 {
-			empty = c.find(pg, pos.b2, f, 0)
-		}
-		return false, empty
-	}
 	e1, e2 := -1, -1
 	for k := range bs {
-		s1, s2 := w1.slot(k, f), w2.slot(k, f)
-		if s1 == pos.fp || s2 == pos.fp {
+		s1, s2 := slotAt(pg, w1, pos.b1, k, f), slotAt(pg, w2, pos.b2, k, f)
+		if pos.matches(s1) || pos.matches(s2) {
 			return true, -1
 		}
 		if s1 == 0 && e1 < 0 {
@@ -218,4 +293,18 @@ func (c *Chain) probe(pg []byte, pos position) (found bool, empty int) {
 		return false, e1
 	}
 	return false, e2
+}
+
+// holds reports whether either bucket of pos holds an entry matching pos's
+// key: a lookup. Both buckets are loaded before either is compared, so
+// that their two cache misses overlap.
+func (c *Chain) holds(pg []byte, pos *position) bool {
+	f, bs := pos.sub.FingerprintBits, c.p.BucketSize
+	w1, w2 := loadBucket(pg, pos.b1, bs*f), loadBucket(pg, pos.b2, bs*f)
+	for k := range bs {
+		if pos.matches(slotAt(pg, w1, pos.b1, k, f)) || pos.matches(slotAt(pg, w2, pos.b2, k, f)) {
+			return true
+		}
+	}
+	return false
 }

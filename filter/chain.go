@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 	"sort"
 	"strings"
@@ -56,7 +57,12 @@ func (e *ParamsError) Error() string {
 // Unwrap returns ErrParams.
 func (e *ParamsError) Unwrap() error { return ErrParams }
 
-// SubFilter describes one sub-filter of a chain.
+// SubFilter describes one sub-filter of a chain: a cuckoo filter that
+// grows in place by splitting pages, up to MaxDepth doublings of its root
+// pages, before the chain appends another.
+//
+// A copy returned by Chain.SubFilters shares its page depths with the
+// chain: read it before the chain's next operation.
 type SubFilter struct {
 	// ID names the sub-filter's pages (PageID.SubFilter). IDs are given in
 	// creation order from 0 and never reused, so that the pages of a
@@ -69,13 +75,35 @@ type SubFilter struct {
 	// epoch (or later ones, for records older than the window); without a
 	// window it is 0.
 	Generation int64
-	// Pages is the number of pages, 1 to 2^20.
+	// RootPages is the number of pages the sub-filter started with, 1 to
+	// 2^20: a key's root page and buckets are chosen among them.
+	RootPages uint64
+	// Pages is the number of pages now: RootPages plus one per split.
 	Pages uint64
-	// FingerprintBits is the fingerprint width f of this sub-filter.
+	// FingerprintBits is the slot width W of this sub-filter: an entry is
+	// a tag, a prefix of up to MaxDepth bits and a terminating bit.
 	FingerprintBits int
-	// Items is the number of fingerprints stored (inserts minus deletes that
-	// found a fingerprint).
+	// Items is the number of entries stored (inserts minus deletes that
+	// found one).
 	Items uint64
+	// Lengths counts the entries by fingerprint length: Lengths[i] entries
+	// hold FingerprintBits-1+i bits of their key's hash (in their slot and
+	// in the splits that led to their page), i being the depth of the
+	// page they were inserted in. Their sum is Items.
+	Lengths [MaxDepth + 1]uint64
+
+	// depths[k] is the depth of page k (0 for the root pages never split
+	// and for page numbers not in use).
+	depths []uint8
+	// atDepth counts the pages at each depth; minDepth is the least depth
+	// a page is at.
+	atDepth  [MaxDepth + 1]uint64
+	minDepth int
+	// maxDepth and tagBits split the slot width (depthBits); maxWeight is
+	// the weight (Σ Lengths[i]·2^(maxDepth-i)) at which the sub-filter's
+	// estimated false-positive rate reaches its share of the target.
+	maxDepth, tagBits int
+	weight, maxWeight uint64
 	// bucketsPerPage, derived from the width, the bucket size and the page
 	// size.
 	bucketsPerPage uint64
@@ -86,6 +114,73 @@ func (s SubFilter) Buckets() uint64 { return s.Pages * s.bucketsPerPage }
 
 // Slots is the number of slots of s for bucket size b.
 func (s SubFilter) Slots(b int) uint64 { return s.Buckets() * uint64(b) }
+
+// Depth is the depth of page (0 for a root page never split), and false
+// when page is not a page of s now.
+func (s SubFilter) Depth(page uint32) (int, bool) {
+	k := uint64(page)
+	if k < s.RootPages {
+		return int(s.depths[k]), true
+	}
+	if k >= uint64(len(s.depths)) {
+		return 0, false
+	}
+	// Page k was born at depth b from page k - RootPages*2^(b-1), the
+	// page of that number at depth b-1, when it split.
+	b := bits.Len64(k / s.RootPages)
+	if int(s.depths[k-s.RootPages<<(b-1)]) < b {
+		return 0, false
+	}
+	return int(s.depths[k]), true
+}
+
+// EstimatedFPR is the probability that a key never inserted matches an
+// entry of s, in expectation over keys: an entry of fingerprint length l
+// in a page matches with probability 2^-(l - depth)... and the key lands in
+// that page with probability 2^-depth/RootPages, in one of its two buckets
+// with probability 2/bucketsPerPage, so that the sum over the entries is
+// 2/(bucketsPerPage*RootPages) * Σ_i Lengths[i]*2^-(W-1+i). For a
+// sub-filter that never split, 2*b*load/2^(W-1): the bound of Fan et al.
+// section 5.1 for the W-1 bits an entry holds.
+func (s SubFilter) EstimatedFPR() float64 {
+	if s.RootPages == 0 || s.bucketsPerPage == 0 {
+		return 0
+	}
+	return float64(s.weight) / (float64(s.bucketsPerPage) * float64(s.RootPages) * math.Exp2(float64(s.FingerprintBits-2+s.maxDepth)))
+}
+
+// count adds n (1 or -1) entries inserted at depth d.
+func (s *SubFilter) count(d, n int) {
+	w := uint64(1) << (s.maxDepth - d)
+	if n > 0 {
+		s.Items++
+		s.Lengths[d]++
+		s.weight += w
+		return
+	}
+	// A corrupt page can hold more than the counts say.
+	if s.Lengths[d] > 0 {
+		s.Items--
+		s.Lengths[d]--
+		s.weight -= w
+	}
+}
+
+// splits reports whether the page of pos may split: it is not at the
+// sub-filter's deepest, and its right child's number fits a page number.
+func (s *SubFilter) splits(pos *position) bool {
+	return pos.depth < s.maxDepth && uint64(pos.id.Page)+s.RootPages<<pos.depth < 1<<32
+}
+
+// MaxPagesChangedByInsert bounds the pages one Insert, Add or Refresh of
+// one key changes: the key's page, the page a split of it makes, and a page
+// of another sub-filter when neither takes the key (placeOrGrow); plus
+// one, for Refresh, in the generation the copy leaves.
+const MaxPagesChangedByInsert = 2*maxSplitsPerInsert + 1
+
+// full reports whether the sub-filter's estimated false-positive rate has
+// reached its share of the target: it takes no more entries.
+func (s *SubFilter) full() bool { return s.weight >= s.maxWeight }
 
 // Stats summarizes a chain.
 type Stats struct {
@@ -105,6 +200,9 @@ type Stats struct {
 	EstimatedFPR float64
 	// Bytes is the size of all pages of the chain (allocated or not).
 	Bytes uint64
+	// Splits is the number of page splits of the live sub-filters: their
+	// pages beyond their root pages.
+	Splits uint64
 	// NewestFingerprintBits is the fingerprint width of the newest
 	// sub-filter of the newest generation.
 	NewestFingerprintBits int
@@ -138,6 +236,7 @@ type Chain struct {
 	watermark int64
 	span      int64  // generation span in ms, 0 without a window
 	kicks     []kick // reused eviction log
+	scratch   []byte // a split's right page, as it is built
 }
 
 // New returns an empty chain with a secret hash seed (RandomSeed). Without
@@ -230,12 +329,14 @@ func (c *Chain) hash(key []byte) uint64 {
 }
 
 // subFilter describes a new, empty sub-filter: the i-th of generation gen,
-// of the given page count, with the next unused ID.
-func (c *Chain) subFilter(gen int64, i int, pages uint64) SubFilter {
-	f := c.p.SubFilterBits(i)
-	id := c.nextID
+// of the given root page count, with the next unused ID.
+func (c *Chain) subFilter(gen int64, i int, rootPages uint64) SubFilter {
+	sf := SubFilter{ID: c.nextID, Generation: gen, RootPages: rootPages, Pages: rootPages, FingerprintBits: c.p.SubFilterBits(i)}
 	c.nextID++
-	return SubFilter{ID: id, Generation: gen, Pages: pages, FingerprintBits: f, bucketsPerPage: c.p.bucketsPerPage(f)}
+	sf.depths = make([]uint8, rootPages)
+	sf.atDepth[0] = rootPages
+	c.p.derive(&sf, i)
+	return sf
 }
 
 // Params returns the chain's parameters (defaults applied).
@@ -243,6 +344,12 @@ func (c *Chain) Params() Params { return c.p }
 
 // SubFilters returns a copy of the chain's sub-filters, oldest first.
 func (c *Chain) SubFilters() []SubFilter { return append([]SubFilter(nil), c.subs...) }
+
+// subIndex is the index of sf in its generation (0 for its oldest).
+func (c *Chain) subIndex(s int) int {
+	lo, _ := c.generation(c.subs[s].Generation)
+	return s - lo
+}
 
 // Len returns the number of sub-filters in the chain, every generation's.
 func (c *Chain) Len() int { return len(c.subs) }
@@ -259,7 +366,8 @@ func (c *Chain) Stats() Stats {
 		s.Items += sf.Items
 		s.Slots += slots
 		s.Bytes += sf.Pages * uint64(c.p.PageBytes)
-		s.EstimatedFPR += ExpectedFPR(b, sf.FingerprintBits, float64(sf.Items)/float64(slots))
+		s.Splits += sf.Pages - sf.RootPages
+		s.EstimatedFPR += sf.EstimatedFPR()
 		if i == 0 || sf.Generation != c.subs[i-1].Generation {
 			s.Generations++
 		}
@@ -384,7 +492,7 @@ func (c *Chain) Count(key []byte) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		n += c.copies(pg, pos)
+		n += c.copies(pg, &pos)
 	}
 	return n, nil
 }
@@ -403,8 +511,11 @@ func (c *Chain) Insert(key []byte) (bool, error) {
 // to the generation of ts (see Advance). Without a window ts is ignored.
 func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
 	c.Advance(ts)
-	h := c.hash(key)
-	gen := c.generationOf(ts)
+	return c.insertHash(c.hash(key), c.generationOf(ts))
+}
+
+// insertHash is InsertAt for hash h and generation gen.
+func (c *Chain) insertHash(h uint64, gen int64) (bool, error) {
 	_, hi := c.generation(gen)
 	// The sub-filter the key would go to is looked at last, so that its
 	// page, just read, takes the key without a second lookup.
@@ -420,28 +531,120 @@ func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
 			return false, err
 		}
 	}
-	if target >= 0 {
-		var pos position
-		pg, err := c.open(&pos, h, target)
-		if err != nil {
-			return false, err
-		}
-		found, empty := c.probe(pg, pos)
-		if found {
-			return false, nil
-		}
-		if empty >= 0 {
-			set(pg, empty, pos.sub.FingerprintBits, pos.fp)
-			c.markSlot(pos.id, pg, empty, pos.sub.FingerprintBits)
-			c.subs[target].Items++
-			return true, nil
-		}
-		if c.placeIn(h, target, pos, pg) {
-			return true, nil
-		}
+	if target < 0 {
+		return true, c.grow(h, gen)
+	}
+	var pos position
+	pg, err := c.open(&pos, h, target)
+	if err != nil {
+		return false, err
+	}
+	found, empty := c.probe(pg, &pos)
+	if found {
+		return false, nil
+	}
+	if pos.sub.full() {
 		return true, c.placeOrGrow(h, gen)
 	}
-	return true, c.grow(h, gen)
+	if empty >= 0 {
+		c.store(&pos, pg, empty)
+		return true, nil
+	}
+	return true, c.placeSplitting(h, target, &pos, pg)
+}
+
+// maxSplitsPerInsert bounds the page splits one insert makes before it
+// gives up on the newest sub-filter (placeOrGrow): a split leaves the
+// key's page about half full, where an eviction walk finds room unless the
+// key's buckets are full of copies of one fingerprint, which no further
+// split would part. An insert therefore changes at most
+// MaxPagesChangedByInsert pages.
+const maxSplitsPerInsert = 1
+
+// placeSplitting places pos's key (hash h) in sub-filter s, whose page pg
+// has no empty slot in the key's buckets: by an eviction walk, else by
+// splitting the page and placing it in the key's half, else in another
+// sub-filter (placeOrGrow).
+func (c *Chain) placeSplitting(h uint64, s int, pos *position, pg []byte) error {
+	for splits := 0; ; splits++ {
+		if c.placeIn(pos, pg) {
+			return nil
+		}
+		if splits == maxSplitsPerInsert || !pos.sub.splits(pos) {
+			return c.placeOrGrow(h, pos.sub.Generation)
+		}
+		if err := c.split(pos, pg); err != nil {
+			return err
+		}
+		var err error
+		if pg, err = c.open(pos, h, s); err != nil {
+			return err
+		}
+	}
+}
+
+// split splits the page of pos (pg, at depth d) in two: entries whose next
+// hash bit is 0 stay in it, those whose bit is 1 move to page
+// pos.id.Page + RootPages*2^d, each into the slot it had, with the bit
+// dropped from its prefix. A bucket of at most b entries gives two of at
+// most b, and an entry's other bucket, from its tag alone, is the same
+// slot pair in either page: no entry is kicked or rehashed. Both pages are
+// written whole (MarkDirty).
+func (c *Chain) split(pos *position, pg []byte) error {
+	sf := pos.sub
+	f, k := sf.FingerprintBits, sf.tagBits
+	tagMask := uint32(1)<<k - 1
+	if cap(c.scratch) < len(pg) {
+		c.scratch = make([]byte, len(pg))
+	}
+	right := c.scratch[:len(pg)]
+	clear(right)
+	slots := int(sf.bucketsPerPage) * c.p.BucketSize
+	for i := range slots {
+		off := i * f
+		v := get(pg, off, f)
+		if v == 0 {
+			continue
+		}
+		rest := v >> k
+		if rest <= 1 {
+			// An entry without prefix bits left cannot be at a page
+			// that splits (its page is at the deepest).
+			return fmt.Errorf("%w: entry without prefix bits in page %d of sub-filter %d at depth %d", ErrCorrupt, pos.id.Page, sf.ID, pos.depth)
+		}
+		nv := v&tagMask | rest>>1<<k
+		if rest&1 != 0 {
+			set(pg, off, f, 0)
+			set(right, off, f, nv)
+		} else {
+			set(pg, off, f, nv)
+		}
+	}
+	c.pager.MarkDirty(pos.id, pg)
+	rid := PageID{SubFilter: sf.ID, Page: pos.id.Page + uint32(sf.RootPages<<pos.depth)}
+	rp, err := c.page(rid)
+	if err != nil {
+		return err
+	}
+	copy(rp, right)
+	c.pager.MarkDirty(rid, rp)
+	sf.grew(uint64(pos.id.Page), uint64(rid.Page), pos.depth)
+	return nil
+}
+
+// grew records that page left, at depth d, split into left and right.
+func (s *SubFilter) grew(left, right uint64, d int) {
+	if right >= uint64(len(s.depths)) {
+		n := min(max(right+1, uint64(len(s.depths))*5/4), s.RootPages<<s.maxDepth)
+		s.depths = append(s.depths, make([]uint8, n-uint64(len(s.depths)))...)
+	}
+	s.depths[left], s.depths[right] = uint8(d+1), uint8(d+1)
+	s.atDepth[d]--
+	s.atDepth[d+1] += 2
+	s.Pages++
+	for s.minDepth < s.maxDepth && s.atDepth[s.minDepth] == 0 {
+		s.minDepth++
+	}
 }
 
 // lookup reports whether sub-filter s may hold h.
@@ -451,19 +654,7 @@ func (c *Chain) lookup(h uint64, s int) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	f, bs := pos.sub.FingerprintBits, c.p.BucketSize
-	// Both buckets are loaded before either is compared, so that their two
-	// cache misses overlap.
-	w1, w2 := loadBucket(pg, pos.b1, bs*f), loadBucket(pg, pos.b2, bs*f)
-	if w1.ok && w2.ok {
-		for k := range bs {
-			if w1.slot(k, f) == pos.fp || w2.slot(k, f) == pos.fp {
-				return true, nil
-			}
-		}
-		return false, nil
-	}
-	return c.find(pg, pos.b1, f, pos.fp) >= 0 || c.find(pg, pos.b2, f, pos.fp) >= 0, nil
+	return c.holds(pg, &pos), nil
 }
 
 // Add inserts a copy of key's fingerprint whether or not it is present
@@ -526,66 +717,50 @@ func (c *Chain) Refresh(key []byte, ts int64) (bool, error) {
 }
 
 // addHash adds h's fingerprint to generation gen: to its newest sub-filter,
-// else to an older one or a new one (placeOrGrow), or to a new one when gen
-// has none yet.
+// splitting its page if need be, else to an older one or a new one
+// (placeOrGrow), or to a new one when gen has none yet.
 func (c *Chain) addHash(h uint64, gen int64) error {
-	if lo, hi := c.generation(gen); hi > lo {
-		ok, err := c.place(h, hi-1)
-		if err != nil || ok {
-			return err
-		}
+	_, hi := c.generation(gen)
+	if hi == 0 || c.subs[hi-1].Generation != gen {
+		return c.grow(h, gen)
+	}
+	var pos position
+	pg, err := c.open(&pos, h, hi-1)
+	if err != nil {
+		return err
+	}
+	if pos.sub.full() {
 		return c.placeOrGrow(h, gen)
 	}
-	return c.grow(h, gen)
+	return c.placeSplitting(h, hi-1, &pos, pg)
 }
 
-// maxFallbackWalks is the most older sub-filters placeOrGrow walks in
-// for one key (their empty slots are all tried).
-const maxFallbackWalks = 4
-
 // placeOrGrow places h in generation gen, whose newest sub-filter could
-// not take it: in an older sub-filter of gen if one has room (an empty
-// slot in one of h's buckets, newest first, then an eviction walk, newest
-// first), else in a new sub-filter (grow).
-//
-// With buckets local to a page, the newest sub-filter fails its first
-// insert when its fullest page overflows, at a load of 0.88 to 0.90 over
-// 1,000 to 20,000 pages of 4 KiB (b = 4), not at the 0.95 a cuckoo filter
-// reaches over the whole table (Fan et al. section 5.1); a chain that grew
-// on that first failure left every sub-filter at that load and grew one
-// step early. Filling the older sub-filters first lets the chain grow only
-// once a key's buckets are full in every sub-filter of its generation and
-// no walk in the newest five of them finds room, and
-// reuses the slots deletes free in older sub-filters. Every sub-filter's
-// fingerprint width is sized for a load of 1 (Params.SubFilterBits), so
-// the false-positive bound holds at any load.
-//
-// An insert walks in at most maxFallbackWalks older sub-filters, so that a
-// chain of many sub-filters near their maximum load (Expansion 1, or a
-// full chain that can no longer grow) costs an insert at most
-// (1 + maxFallbackWalks) x MaxKicks kicks, not one walk per sub-filter.
+// not take it (its page at the deepest and full, or its share of the
+// false-positive target spent): in an older sub-filter of gen with an
+// empty slot in h's buckets and a share left (newest first: the slots
+// deletes freed), else in a new sub-filter (grow).
 func (c *Chain) placeOrGrow(h uint64, gen int64) error {
 	lo, hi := c.generation(gen)
 	for s := hi - 2; s >= lo; s-- {
+		if c.subs[s].full() {
+			continue
+		}
 		var pos position
 		pg, err := c.open(&pos, h, s)
 		if err != nil {
 			return err
 		}
-		if c.placeEmpty(s, pos, pg) {
+		if c.placeEmpty(&pos, pg) {
 			return nil
-		}
-	}
-	for s := hi - 2; s >= max(lo, hi-1-maxFallbackWalks); s-- {
-		if ok, err := c.place(h, s); err != nil || ok {
-			return err
 		}
 	}
 	return c.grow(h, gen)
 }
 
-// grow appends a sub-filter to generation gen (its first, or one Expansion
-// times the size of its newest, which could not take h) and places h there.
+// grow appends a sub-filter to generation gen (its first, sized for
+// Capacity, or one with Expansion times the root pages of its newest,
+// which could not take h) and places h there.
 func (c *Chain) grow(h uint64, gen int64) error {
 	lo, hi := c.generation(gen)
 	if hi-lo == MaxSubFilters {
@@ -593,7 +768,7 @@ func (c *Chain) grow(h uint64, gen int64) error {
 	}
 	pages := c.p.firstPages()
 	if hi > lo {
-		pages = c.p.nextPages(c.subs[hi-1].Pages)
+		pages = c.p.nextPages(c.subs[hi-1].RootPages)
 	}
 	c.subs = slices.Insert(c.subs, hi, c.subFilter(gen, hi-lo, pages))
 	ok, err := c.place(h, hi)
@@ -604,11 +779,12 @@ func (c *Chain) grow(h uint64, gen int64) error {
 	return err
 }
 
-// Delete removes one copy of key's fingerprint, newest sub-filter first, and
-// reports whether it found one. Deleting a key that was never inserted can
-// remove another key's matching fingerprint (RedisBloom's "false deletion");
-// in dedup that forwards one later duplicate of that other key, it never
-// loses an event.
+// Delete removes one copy of key's fingerprint, newest sub-filter first
+// and, in a sub-filter, the matching entry with the longest fingerprint,
+// and reports whether it found one. Deleting a key that was never inserted
+// can remove another key's matching fingerprint (RedisBloom's "false
+// deletion"); in dedup that forwards one later duplicate of that other
+// key, it never loses an event.
 func (c *Chain) Delete(key []byte) (bool, error) {
 	h := c.hash(key)
 	for s := len(c.subs) - 1; s >= 0; s-- {
@@ -619,26 +795,57 @@ func (c *Chain) Delete(key []byte) (bool, error) {
 	return false, nil
 }
 
-// removeCopy empties one slot of sub-filter s holding h's fingerprint and
-// reports whether it found one.
+// DeleteAll removes every entry matching key, in every sub-filter (one
+// page of each), and returns how many it removed: every copy Add stored,
+// and any other key's matching entry (a false deletion, see Delete).
+func (c *Chain) DeleteAll(key []byte) (int, error) {
+	h := c.hash(key)
+	n := 0
+	for s := len(c.subs) - 1; s >= 0; s-- {
+		var pos position
+		pg, err := c.open(&pos, h, s)
+		if err != nil {
+			return n, err
+		}
+		sf := pos.sub
+		f := sf.FingerprintBits
+		for _, b := range [2]int{pos.b1, pos.b2} {
+			for i := range c.p.BucketSize {
+				off := b + i*f
+				if v := get(pg, off, f); pos.matches(v) {
+					c.remove(&pos, pg, off, v)
+					n++
+				}
+			}
+		}
+	}
+	return n, nil
+}
+
+// remove empties the slot at bit offset off of pos's page pg, which holds
+// entry v, and uncounts it.
+func (c *Chain) remove(pos *position, pg []byte, off int, v uint32) {
+	sf := pos.sub
+	// The depth the entry was inserted at: its page's, less the splits
+	// since, which took one prefix bit each.
+	d := pos.depth - (sf.maxDepth - prefixLen(v, sf.tagBits))
+	set(pg, off, sf.FingerprintBits, 0)
+	c.markSlot(pos.id, pg, off, sf.FingerprintBits)
+	sf.count(max(d, 0), -1)
+}
+
+// removeCopy empties the slot of sub-filter s holding the longest entry
+// matching h and reports whether it found one.
 func (c *Chain) removeCopy(h uint64, s int) (bool, error) {
 	var pos position
 	pg, err := c.open(&pos, h, s)
 	if err != nil {
 		return false, err
 	}
-	f := pos.sub.FingerprintBits
-	off := c.find(pg, pos.b1, f, pos.fp)
-	if off < 0 {
-		off = c.find(pg, pos.b2, f, pos.fp)
-	}
+	off := c.longest(pg, &pos)
 	if off < 0 {
 		return false, nil
 	}
-	set(pg, off, f, 0)
-	c.markSlot(pos.id, pg, off, f)
-	if c.subs[s].Items > 0 { // a corrupt page can hold more than Items says
-		c.subs[s].Items--
-	}
+	c.remove(&pos, pg, off, get(pg, off, pos.sub.FingerprintBits))
 	return true, nil
 }

@@ -8,7 +8,7 @@ package filter
 // can be rolled back.
 type kick struct {
 	slot int    // bit offset of the slot in the page
-	old  uint32 // fingerprint the slot held before the kick
+	old  uint32 // entry the slot held before the kick
 }
 
 // place stores h's fingerprint in sub-filter s: in an empty slot of either
@@ -20,51 +20,60 @@ func (c *Chain) place(h uint64, s int) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return c.placeIn(h, s, pos, pg), nil
+	return c.placeIn(&pos, pg), nil
 }
 
-// placeEmpty stores pos.fp in an empty slot of either bucket of pos
-// (sub-filter s, page pg), if one has one, and reports whether it did.
-func (c *Chain) placeEmpty(s int, pos position, pg []byte) bool {
+// placeEmpty stores pos's entry in an empty slot of either bucket of pos
+// (page pg), if one has one, and reports whether it did.
+func (c *Chain) placeEmpty(pos *position, pg []byte) bool {
 	f := pos.sub.FingerprintBits
 	for _, b := range [2]int{pos.b1, pos.b2} {
-		if off := c.find(pg, b, f, 0); off >= 0 {
-			set(pg, off, f, pos.fp)
-			c.markSlot(pos.id, pg, off, f)
-			c.subs[s].Items++
+		if off := c.findEmpty(pg, b, f); off >= 0 {
+			c.store(pos, pg, off)
 			return true
 		}
 	}
 	return false
 }
 
+// store writes pos's new entry into the empty slot at bit offset off of pg
+// and counts it.
+func (c *Chain) store(pos *position, pg []byte, off int) {
+	f := pos.sub.FingerprintBits
+	set(pg, off, f, pos.entry())
+	c.markSlot(pos.id, pg, off, f)
+	pos.sub.count(pos.depth, 1)
+}
+
 // placeIn is place on the page pg of pos, already read.
-func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
-	if c.placeEmpty(s, pos, pg) {
+func (c *Chain) placeIn(pos *position, pg []byte) bool {
+	if c.placeEmpty(pos, pg) {
 		return true
 	}
 	f := pos.sub.FingerprintBits
+	tagMask := uint32(1)<<pos.sub.tagBits - 1
 
 	// Eviction walk (Fan et al. Algorithm 1), victims chosen by a PRNG
-	// seeded from the key's hash so that replays evict identically.
-	rng := splitmix64{state: h}
+	// seeded from the key's position so that replays evict identically.
+	// An entry's other bucket comes from its tag alone (altLocal).
+	rng := splitmix64{state: uint64(pos.tag)<<32 ^ pos.q ^ uint64(pos.b1)<<48}
 	bb := c.p.BucketSize * f
 	n := pos.sub.bucketsPerPage
 	cur := pos.b1
 	if rng.next()&1 == 1 {
 		cur = pos.b2
 	}
-	fp := pos.fp
+	v := pos.entry()
 	c.kicks = c.kicks[:0]
 	for range c.p.MaxKicks {
 		off := cur + int(rng.next()%uint64(c.p.BucketSize))*f
 		victim := get(pg, off, f)
-		set(pg, off, f, fp)
+		set(pg, off, f, v)
 		c.kicks = append(c.kicks, kick{slot: off, old: victim})
-		fp = victim
-		cur = int(altLocal(uint64(cur/bb), fp, n)) * bb
-		if off := c.find(pg, cur, f, 0); off >= 0 {
-			set(pg, off, f, fp)
+		v = victim
+		cur = int(altLocal(uint64(cur/bb), v&tagMask, n)) * bb
+		if off := c.findEmpty(pg, cur, f); off >= 0 {
+			set(pg, off, f, v)
 			if len(c.kicks) >= maxMarkedKicks {
 				// Slots all over the page changed: the page as a whole.
 				c.pager.MarkDirty(pos.id, pg)
@@ -74,7 +83,7 @@ func (c *Chain) placeIn(h uint64, s int, pos position, pg []byte) bool {
 				}
 				c.markSlot(pos.id, pg, off, f)
 			}
-			c.subs[s].Items++
+			pos.sub.count(pos.depth, 1)
 			return true
 		}
 	}

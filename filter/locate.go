@@ -23,7 +23,7 @@ func (c *Chain) Locate(key []byte) ([]Location, error) {
 		if err != nil {
 			return nil, err
 		}
-		if n := c.copies(pg, pos); n > 0 {
+		if n := c.copies(pg, &pos); n > 0 {
 			locs = append(locs, Location{SubFilter: *pos.sub, Copies: n})
 		}
 	}

@@ -5,14 +5,18 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"math/bits"
 	"time"
 )
 
 // FormatVersion is the version of the metadata and page format this package
-// writes. DecodeMeta and Open refuse any other. Version 5 keys the hash with
-// a per-chain secret seed, keeps a key's two buckets distinct (even bucket
-// counts per page) and stores Params.KeySpec.
-const FormatVersion = 5
+// writes. DecodeMeta and Open refuse any other. Version 5 keyed the hash
+// with a per-chain secret seed, kept a key's two buckets distinct (even
+// bucket counts per page) and stored Params.KeySpec; version 6 grows
+// sub-filters in place: variable-length entries (tag, prefix, terminating
+// bit), the alternate bucket from the tag, and per sub-filter its root
+// pages, page depths and entries by fingerprint length.
+const FormatVersion = 6
 
 // Hash identities in the metadata. Changing the hash is a format change.
 const (
@@ -32,8 +36,10 @@ const (
 	// magic .. target rate, window, generations, next ID, watermark,
 	// sub-filter count, seed, key spec length (the key spec follows)
 	metaHeaderLen = 4 + 1 + 1 + 1 + 1 + 4 + 2 + 4 + 8 + 8 + 8 + 1 + 4 + 8 + 2 + 16 + 2
-	metaSubLen    = 4 + 8 + 8 + 1 + 8 // ID, generation, pages, width, items
-	metaCRCLen    = 4
+	// ID, generation, root pages, width, entries by length, page count
+	// (the page depths follow, two to a byte)
+	metaSubLen = 4 + 8 + 4 + 1 + 8*(MaxDepth+1) + 4
+	metaCRCLen = 4
 )
 
 // Meta is the decoded chain metadata.
@@ -55,8 +61,10 @@ type Meta struct {
 // MarshalMeta encodes the chain metadata: format version, hash id, Params
 // but the key spec, next sub-filter ID, watermark, the sub-filter count,
 // hash seed, the key spec (16-bit length and bytes) and every sub-filter
-// (ID, generation, pages, fingerprint width, items), big endian, followed by
-// a CRC-32C of the preceding bytes. It holds the secret hash seed: store it
+// (ID, generation, root pages, slot width, entries by fingerprint length,
+// the number N of page numbers in use and their depths, 4 bits each),
+// big endian, followed by a CRC-32C of the preceding bytes. The depths take
+// half a byte per page number, about 1/8192 of the pages' bytes. It holds the secret hash seed: store it
 // like the pages, never log it.
 func (c *Chain) MarshalMeta() []byte {
 	return Meta{FormatVersion: FormatVersion, HashID: HashSipHash24, Params: c.p,
@@ -64,7 +72,8 @@ func (c *Chain) MarshalMeta() []byte {
 }
 
 // Marshal encodes m as MarshalMeta encodes a chain's metadata; DecodeMeta
-// reads it back. It holds the secret hash seed: store it like the pages,
+// reads it back. A SubFilter of m described by hand, with Pages and no
+// RootPages, is one whose pages never split. It holds the secret hash seed: store it like the pages,
 // never log it.
 func (m Meta) Marshal() []byte { return m.marshal() }
 
@@ -76,7 +85,8 @@ func (m Meta) Marshal() []byte { return m.marshal() }
 func (m Meta) HasPage(id PageID) bool {
 	for _, s := range m.SubFilters {
 		if s.ID == id.SubFilter {
-			return uint64(id.Page) < s.Pages
+			_, ok := s.Depth(id.Page)
+			return ok
 		}
 	}
 	return false
@@ -93,7 +103,11 @@ func (m Meta) TotalPages() uint64 {
 }
 
 func (m Meta) marshal() []byte {
-	b := make([]byte, 0, metaHeaderLen+len(m.Params.KeySpec)+len(m.SubFilters)*metaSubLen+metaCRCLen)
+	n := metaHeaderLen + len(m.Params.KeySpec) + metaCRCLen
+	for _, s := range m.SubFilters {
+		n += metaSubLen + (max(len(s.depths), int(s.RootPages), int(s.Pages))+1)/2
+	}
+	b := make([]byte, 0, n)
 	b = append(b, metaMagic[:]...)
 	b = append(b, byte(m.FormatVersion), byte(m.HashID), byte(m.Params.FingerprintBits), byte(m.Params.BucketSize))
 	b = binary.BigEndian.AppendUint32(b, uint32(m.Params.MaxKicks))
@@ -113,9 +127,29 @@ func (m Meta) marshal() []byte {
 	for _, s := range m.SubFilters {
 		b = binary.BigEndian.AppendUint32(b, s.ID)
 		b = binary.BigEndian.AppendUint64(b, uint64(s.Generation))
-		b = binary.BigEndian.AppendUint64(b, s.Pages)
+		depths := s.depths
+		if s.RootPages == 0 {
+			// Described by hand (Pages alone): a sub-filter never split.
+			s.RootPages, depths = s.Pages, make([]uint8, s.Pages)
+		}
+		// Page numbers past the last in use (room the chain keeps for
+		// splits to come) are not stored.
+		for uint64(len(depths)) > s.RootPages && depths[len(depths)-1] == 0 {
+			depths = depths[:len(depths)-1]
+		}
+		b = binary.BigEndian.AppendUint32(b, uint32(s.RootPages))
 		b = append(b, byte(s.FingerprintBits))
-		b = binary.BigEndian.AppendUint64(b, s.Items)
+		for _, n := range s.Lengths {
+			b = binary.BigEndian.AppendUint64(b, n)
+		}
+		b = binary.BigEndian.AppendUint32(b, uint32(len(depths)))
+		for i := 0; i < len(depths); i += 2 {
+			v := depths[i]
+			if i+1 < len(depths) {
+				v |= depths[i+1] << 4
+			}
+			b = append(b, v)
+		}
 	}
 	return append(b, m.crc(b)...)
 }
@@ -177,9 +211,6 @@ func DecodeMeta(b []byte) (Meta, error) {
 		return Meta{}, fmt.Errorf("%w: metadata holds a key spec of %d bytes in %d", ErrCorrupt, keyLen, len(rest))
 	}
 	m.Params.KeySpec, rest = string(rest[:keyLen]), rest[keyLen:]
-	if len(rest) != n*metaSubLen {
-		return Meta{}, fmt.Errorf("%w: metadata lists %d sub-filters in %d bytes", ErrCorrupt, n, len(rest))
-	}
 	windowed := m.Params.Window > 0
 	if (n == 0 && !windowed) || n > MaxSubFilters*max(1, m.Params.liveGenerations()) {
 		return Meta{}, fmt.Errorf("%w: %d sub-filters", ErrCorrupt, n)
@@ -192,14 +223,20 @@ func DecodeMeta(b []byte) (Meta, error) {
 	seen := make(map[uint32]bool, n)
 	inGen := 0 // index of the sub-filter within its generation
 	for i := range n {
-		r := rest[i*metaSubLen:]
-		s := SubFilter{
-			ID:              binary.BigEndian.Uint32(r),
-			Generation:      int64(binary.BigEndian.Uint64(r[4:])),
-			Pages:           binary.BigEndian.Uint64(r[12:]),
-			FingerprintBits: int(r[20]),
-			Items:           binary.BigEndian.Uint64(r[21:]),
+		if len(rest) < metaSubLen {
+			return Meta{}, fmt.Errorf("%w: metadata ends in sub-filter %d of %d", ErrCorrupt, i, n)
 		}
+		s := SubFilter{
+			ID:              binary.BigEndian.Uint32(rest),
+			Generation:      int64(binary.BigEndian.Uint64(rest[4:])),
+			RootPages:       uint64(binary.BigEndian.Uint32(rest[12:])),
+			FingerprintBits: int(rest[16]),
+		}
+		for d := range s.Lengths {
+			s.Lengths[d] = binary.BigEndian.Uint64(rest[17+8*d:])
+		}
+		pages := uint64(binary.BigEndian.Uint32(rest[metaSubLen-4:]))
+		rest = rest[metaSubLen:]
 		if s.ID >= m.NextID || seen[s.ID] {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d has ID %d (next ID %d, duplicates not allowed)", ErrCorrupt, i, s.ID, m.NextID)
 		}
@@ -217,17 +254,91 @@ func DecodeMeta(b []byte) (Meta, error) {
 		if inGen >= MaxSubFilters {
 			return Meta{}, fmt.Errorf("%w: generation %d has more than %d sub-filters", ErrCorrupt, s.Generation, MaxSubFilters)
 		}
-		if s.Pages == 0 || s.Pages > 1<<maxPageBits {
-			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d pages", ErrCorrupt, i, s.Pages)
+		if s.RootPages == 0 || s.RootPages > 1<<maxPageBits {
+			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d root pages", ErrCorrupt, i, s.RootPages)
 		}
 		if want := m.Params.SubFilterBits(inGen); s.FingerprintBits != want {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d-bit fingerprints, its parameters give %d", ErrCorrupt, i, s.FingerprintBits, want)
 		}
-		s.bucketsPerPage = m.Params.bucketsPerPage(s.FingerprintBits)
+		m.Params.derive(&s, inGen)
+		if pages < s.RootPages || pages > s.RootPages<<s.maxDepth || uint64(len(rest)) < (pages+1)/2 {
+			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d page numbers for %d root pages in %d bytes", ErrCorrupt, i, pages, s.RootPages, len(rest))
+		}
+		if err := s.decodeDepths(rest[:(pages+1)/2], pages); err != nil {
+			return Meta{}, fmt.Errorf("%w: sub-filter %d: %w", ErrCorrupt, i, err)
+		}
+		rest = rest[(pages+1)/2:]
+		for d, c := range s.Lengths {
+			if d > s.maxDepth && c != 0 {
+				return Meta{}, fmt.Errorf("%w: sub-filter %d has %d entries inserted at depth %d, beyond its %d", ErrCorrupt, i, c, d, s.maxDepth)
+			}
+			s.Items += c
+			s.weight += c << (s.maxDepth - min(d, s.maxDepth))
+		}
 		if s.Items > s.Slots(m.Params.BucketSize) {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d holds %d items in %d slots", ErrCorrupt, i, s.Items, s.Slots(m.Params.BucketSize))
 		}
 		m.SubFilters = append(m.SubFilters, s)
 	}
+	if len(rest) != 0 {
+		return Meta{}, fmt.Errorf("%w: %d bytes after the last sub-filter", ErrCorrupt, len(rest))
+	}
 	return m, nil
+}
+
+// decodeDepths reads the depths of s's pages numbers 0..n-1 (two to a
+// byte, the first in the low half) and checks that they describe pages
+// split in two, each child of page k at depth d numbered k and
+// k + RootPages*2^d: a number beyond the root pages is in use exactly when
+// the page it split from reached its depth, and then its depth is at
+// least that.
+func (s *SubFilter) decodeDepths(b []byte, n uint64) error {
+	s.depths = make([]uint8, n)
+	for k := range n {
+		d := b[k/2] >> (4 * (k % 2)) & 0xf
+		if int(d) > s.maxDepth {
+			return fmt.Errorf("page %d at depth %d, beyond its %d", k, d, s.maxDepth)
+		}
+		s.depths[k] = d
+		if k < s.RootPages {
+			s.atDepth[d]++
+			continue
+		}
+		born := bits.Len64(k / s.RootPages)
+		inUse := int(s.depths[k-s.RootPages<<(born-1)]) >= born
+		switch {
+		case inUse && int(d) < born:
+			return fmt.Errorf("page %d at depth %d, born at %d", k, d, born)
+		case !inUse && d != 0:
+			return fmt.Errorf("page %d at depth %d is not in use", k, d)
+		case inUse:
+			s.atDepth[d]++
+		}
+	}
+	if n%2 == 1 && b[len(b)-1]>>4 != 0 {
+		return fmt.Errorf("depth bits after the last page")
+	}
+	s.Pages = 0
+	for d, c := range s.atDepth {
+		s.Pages += c
+		if c > 0 && s.Pages == c {
+			s.minDepth = d
+		}
+	}
+	// Every page at depth d has its child numbers: a chain of splits
+	// cannot end at a number beyond n.
+	for k := range n {
+		if d := int(s.depths[k]); d > 0 {
+			born := 0
+			if k >= s.RootPages {
+				born = bits.Len64(k / s.RootPages)
+			}
+			for j := born; j < d; j++ {
+				if k+s.RootPages<<j >= n {
+					return fmt.Errorf("page %d at depth %d has no page %d", k, d, k+s.RootPages<<j)
+				}
+			}
+		}
+	}
+	return nil
 }

@@ -60,14 +60,28 @@ func TestMetaHasPage(t *testing.T) {
 		}
 	}
 	first, last := m.SubFilters[0], m.SubFilters[len(m.SubFilters)-1]
+	// The highest page number in use, and one below it not in use (a
+	// child of a page that did not split).
+	inUse, unused := uint32(0), uint32(1<<32-1)
+	for k := uint32(len(last.depths)) - 1; k > 0; k-- {
+		if _, ok := last.Depth(k); ok && inUse == 0 {
+			inUse = k
+		} else if !ok && unused == 1<<32-1 {
+			unused = k
+		}
+	}
+	if inUse < uint32(last.RootPages) || unused == 1<<32-1 {
+		t.Fatalf("newest sub-filter %+v: the test needs split and unsplit pages", last)
+	}
 	for _, tc := range []struct {
 		name string
 		id   PageID
 		want bool
 	}{
 		{"first page of the oldest live sub-filter", PageID{SubFilter: first.ID}, true},
-		{"last page of the newest", PageID{SubFilter: last.ID, Page: uint32(last.Pages - 1)}, true},
-		{"past the newest's count", PageID{SubFilter: last.ID, Page: uint32(last.Pages)}, false},
+		{"highest page of the newest", PageID{SubFilter: last.ID, Page: inUse}, true},
+		{"a page of the newest not split off", PageID{SubFilter: last.ID, Page: unused}, false},
+		{"past the newest's page numbers", PageID{SubFilter: last.ID, Page: uint32(len(last.depths))}, false},
 		{"a dropped sub-filter", PageID{SubFilter: first.ID - 1}, false},
 		{"the next sub-filter ID", PageID{SubFilter: m.NextID}, false},
 		{"far past every count", PageID{SubFilter: first.ID, Page: 1<<32 - 1}, false},

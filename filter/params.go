@@ -64,6 +64,28 @@ const MaxSubFilters = 64
 // leaving the high 32 bits to the fingerprint.
 const maxPageBits = 20
 
+// MaxDepth is the number of times a sub-filter doubles in place, by
+// splitting its pages, before the chain appends another (256 times its
+// root pages): the design of InfiniFilter (Dayan et al., SIGMOD 2023) and
+// Taffy filters (Apple 2022), with linear hashing's page numbering. An
+// entry stores up to MaxDepth bits of prefix, one of which each split
+// consumes.
+const MaxDepth = 8
+
+// minTagBits is the least tag width that leaves a slot room for prefix
+// bits: below MaxDepth+minTagBits+1 bits a sub-filter splits fewer times.
+const minTagBits = 8
+
+// depthBits splits a slot of width w into the tag and the prefix: the
+// sub-filter doubles in place maxDepth times, and an entry is a tag of
+// tagBits bits, maxDepth prefix bits and a terminating 1 bit. A wide slot
+// keeps MaxDepth splits and gives the tag the rest; a narrow one keeps a
+// tag of minTagBits bits (w-1 below that) and splits fewer times.
+func depthBits(w int) (maxDepth, tagBits int) {
+	maxDepth = min(max(w-1-minTagBits, 0), MaxDepth)
+	return maxDepth, w - 1 - maxDepth
+}
+
 // tightening is the ratio r of the geometric false-positive budget: sub-filter
 // i may contribute TargetFPR*(1-r)*r^i (see SubFilterBits).
 const tightening = 0.5
@@ -91,9 +113,10 @@ type Params struct {
 	// MaxKicks is the length limit of an eviction walk before the chain
 	// grows (default 500, as RedisBloom's MAXITERATIONS).
 	MaxKicks int
-	// Expansion is how many times more pages each new sub-filter has than
-	// the newest one (default 2; 1 keeps the
-	// size).
+	// Expansion is how many times more root pages each new sub-filter
+	// starts with than the newest one, once that one has doubled in
+	// place MaxDepth times or spent its share of TargetFPR (default 2; 1
+	// keeps the size).
 	Expansion int
 	// PageBytes is the size of a page in bytes (default 4096): a power of
 	// two holding at least two buckets of 32-bit fingerprints. 2-4 KiB pages
@@ -400,7 +423,7 @@ func (p Params) liveGenerations() int {
 	return p.Generations + 1
 }
 
-// SubFilterBits is the fingerprint width of sub-filter i of a generation (0
+// SubFilterBits is the slot width W of sub-filter i of a generation (0
 // is the generation's oldest; without a window the chain is one
 // generation).
 //
@@ -408,52 +431,78 @@ func (p Params) liveGenerations() int {
 // false-positive rate under TargetFPR by a geometric budget, as scalable
 // Bloom filters do (Almeida et al. 2007): sub-filter i may contribute
 // ε_i = ε(1-r)r^i with r = 1/2, and Σ ε_i = ε(1-r)/(1-r) = ε for any
-// number of sub-filters. A sub-filter at load α ≤ 1 has a false-positive
-// rate of at most 2bα/2^f (Fan et al. 2014, section 5.1), so
+// number of sub-filters. A sub-filter that doubled d times in place at
+// load α holds entries of d+1 ages: those inserted at depth i keep
+// W-1+i bits, and about a half of its entries are the newest, a quarter
+// one doubling older and so on, so its rate is about 2bα(2+d)/2^W
+// (SubFilter.EstimatedFPR is the exact sum). Hence
 //
-//	f_i = ⌈log2(2b/ε_i)⌉ = ⌈log2(2b/ε) + 1 + i⌉
+//	W_i = ⌈log2(2b(MaxDepth+2)/ε_i)⌉ = ⌈log2(2b(MaxDepth+2)/ε) + 1 + i⌉
 //
-// bits suffice: one bit more than a single filter needs, plus one per
-// expansion. With b=4 and ε=1e-4 that is 18 bits for the first sub-filter,
-// 19 for the second, and so on; the width is clamped to 4..32 bits, so past
-// 32 bits (15 sub-filters at these settings, 2^15 times the first capacity
-// with the default expansion) the chain can no longer keep the target, and
-// Stats.EstimatedFPR shows by how much. The price is one bit per key more
-// than a single filter for the first capacity, and one more bit for each
-// doubling of the chain beyond it.
+// bits: 21 for the first sub-filter with b=4 and ε=1e-4, 22 for the
+// second, and so on, clamped to 4..32 bits; past 32 bits the chain can no
+// longer keep the target, and Stats.EstimatedFPR shows by how much. A
+// sub-filter whose estimated rate reaches ε_i takes no more keys (the
+// chain appends the next).
 //
 // With a window, G+1 generations are live at once and a lookup checks them
 // all, so each generation gets ε = TargetFPR/(G+1) and the budget above
-// within it: log2(G+1) more bits per key (21 bits instead of 18 for the
+// within it: log2(G+1) more bits per key (24 bits instead of 21 for the
 // first sub-filter at the defaults with 8 generations), the price of
 // expiring keys by dropping whole generations instead of one by one.
 func (p Params) SubFilterBits(i int) int {
 	if p.FingerprintBits != 0 {
 		return p.FingerprintBits
 	}
-	target := p.TargetFPR / float64(p.liveGenerations())
-	budget := target * (1 - tightening) * math.Pow(tightening, float64(i))
-	f := int(math.Ceil(math.Log2(2 * float64(p.BucketSize) / budget)))
+	f := int(math.Ceil(math.Log2(2 * float64(p.BucketSize) * (MaxDepth + 2) / p.subFilterShare(i))))
 	return min(max(f, MinFingerprintBits), MaxFingerprintBits)
 }
 
-// bucketsPerPage is how many buckets of f-bit fingerprints a page holds:
-// not a power of two in general, as fingerprints are bit-packed, but even,
+// subFilterShare is ε_i, the false-positive rate sub-filter i of a
+// generation may reach (SubFilterBits); +Inf with FingerprintBits set.
+func (p Params) subFilterShare(i int) float64 {
+	if p.FingerprintBits != 0 {
+		return math.Inf(1)
+	}
+	target := p.TargetFPR / float64(p.liveGenerations())
+	return target * (1 - tightening) * math.Pow(tightening, float64(i))
+}
+
+// derive sets the fields of sf, sub-filter i of its generation, that follow
+// from Params and its width: the split of its slots, the buckets per page
+// and the weight at which it has spent its share of the target.
+func (p Params) derive(sf *SubFilter, i int) {
+	sf.maxDepth, sf.tagBits = depthBits(sf.FingerprintBits)
+	sf.bucketsPerPage = p.bucketsPerPage(sf.FingerprintBits)
+	limit := p.subFilterShare(i) * float64(sf.bucketsPerPage) * float64(sf.RootPages) * math.Exp2(float64(sf.FingerprintBits-2+sf.maxDepth))
+	if limit >= math.MaxUint64/2 || math.IsInf(limit, 1) {
+		sf.maxWeight = math.MaxUint64
+	} else {
+		sf.maxWeight = uint64(limit)
+	}
+}
+
+// bucketsPerPage is how many buckets of f-bit slots a page holds:
+// not a power of two in general, as slots are bit-packed, but even,
 // so that every bucket has a partner other than itself (altLocal). An odd
-// count leaves the page's last bucket unused: 1/455 of the slots at the
+// count leaves the page's last bucket unused: 1/391 of the slots at the
 // defaults. Validate makes it at least 2.
 func (p Params) bucketsPerPage(f int) uint64 {
 	return uint64(p.PageBytes*8/(p.BucketSize*f)) &^ 1
 }
 
-// firstPages is the page count of sub-filter 0: enough pages for Capacity
-// keys (any count; the page index is a multiply-shift, see Chain.position).
+// firstPages is the root page count of a generation's first sub-filter:
+// enough pages for Capacity keys at a load of 1 (any count; the page
+// index is a multiply-shift, see Chain.locate). It grows in place from
+// there.
 func (p Params) firstPages() uint64 {
 	perPage := p.bucketsPerPage(p.SubFilterBits(0)) * uint64(p.BucketSize)
 	return max(1, (p.Capacity+perPage-1)/perPage)
 }
 
-// nextPages is the page count of the sub-filter after one of n pages.
+// nextPages is the root page count of the sub-filter appended after one
+// of n root pages: Expansion times n, at most 2^20. It grows in place
+// from there, as its predecessor did.
 func (p Params) nextPages(n uint64) uint64 {
 	return min(n*uint64(p.Expansion), 1<<maxPageBits)
 }

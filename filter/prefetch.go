@@ -26,17 +26,16 @@ type Prefetcher interface {
 // of key read first and returns the extended slice: one page per
 // sub-filter of the chain as it is now, oldest first, since both candidate
 // buckets of a key lie on one page (see open) and an eviction walk
-// stays on that page. Operations that grow the chain read pages of the new
-// sub-filter, which no store holds yet; Advance may drop sub-filters whose
+// stays on that page. Operations that split a page or grow the chain read
+// pages no store holds yet; Advance may drop sub-filters whose
 // pages are listed. It reads no page and changes nothing; it costs one
 // hash of key and a few multiplications per sub-filter.
 func (c *Chain) PagesOf(key []byte, dst []PageID) []PageID {
 	h := c.hash(key)
+	var pos position
 	for s := range c.subs {
-		sf := &c.subs[s]
-		// The page open chooses (bucket.go): the high half of lo32*Pages.
-		// TestPagesOf holds the two together.
-		dst = append(dst, PageID{SubFilter: sf.ID, Page: uint32(uint64(uint32(h)) * sf.Pages >> 32)})
+		c.locate(&pos, h, s) // the page open reads
+		dst = append(dst, pos.id)
 	}
 	return dst
 }

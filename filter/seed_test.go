@@ -28,8 +28,8 @@ func TestSeedPerChain(t *testing.T) {
 	var pa, pb position // MemPager reads do not fail
 	_, _ = a.open(&pa, a.hash(victim), 0)
 	_, _ = b.open(&pb, b.hash(victim), 0)
-	if pa.id == pb.id && pa.b1 == pb.b1 && pa.fp == pb.fp {
-		t.Fatalf("both chains place %s at page %d, bucket %d, fingerprint %#x", victim, pa.id.Page, pa.b1, pa.fp)
+	if pa.id == pb.id && pa.b1 == pb.b1 && pa.entry() == pb.entry() {
+		t.Fatalf("both chains place %s at page %d, bucket %d, fingerprint %#x", victim, pa.id.Page, pa.b1, pa.entry())
 	}
 
 	for i := range 5000 {
@@ -83,7 +83,7 @@ func TestCraftedCollisionsSpreadUnderASecretSeed(t *testing.T) {
 		var v, x position // MemPager reads do not fail
 		_, _ = c.open(&v, h(victim), 0)
 		_, _ = c.open(&x, h(k), 0)
-		return x.id == v.id && x.fp == v.fp && (x.b1 == v.b1 || x.b1 == v.b2)
+		return x.id == v.id && x.entry() == v.entry() && (x.b1 == v.b1 || x.b1 == v.b2)
 	}
 	var crafted [][]byte
 	for i := 0; len(crafted) < 40; i++ {

@@ -277,7 +277,9 @@ func TestWindowParams(t *testing.T) {
 	plain, windowed := Params{}.WithDefaults(), Params{Window: time.Hour}.WithDefaults()
 	for i := range 3 {
 		budget := windowed.TargetFPR / 9 / float64(int64(2)<<i)
-		if f := windowed.SubFilterBits(i); ExpectedFPR(4, f, 1) > budget || ExpectedFPR(4, f-1, 1) <= budget {
+		// 2b(MaxDepth+2)/2^f: the rate of a sub-filter grown in place to
+		// its deepest (SubFilterBits).
+		if f := windowed.SubFilterBits(i); ExpectedFPR(4, f, MaxDepth+2) > budget || ExpectedFPR(4, f-1, MaxDepth+2) <= budget {
 			t.Errorf("sub-filter %d: %d bits is not the narrowest width under the budget %g", i, f, budget)
 		}
 		if windowed.SubFilterBits(i) <= plain.SubFilterBits(i) {

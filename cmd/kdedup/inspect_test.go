@@ -263,8 +263,8 @@ func checkPartitionReport(t *testing.T, pr partitionReport, s *partitionState, m
 // TestInspectFixtureShape: the fixture does what the tests rely on.
 func TestInspectFixtureShape(t *testing.T) {
 	ref := readChains(t, buildState(t, testState()))
-	if st := ref[store.TopicPartition{Topic: "orders", Partition: 0}].stats; st.SubFilters < 2 {
-		t.Errorf("orders/0 has %d sub-filters, want an expanded chain", st.SubFilters)
+	if st := ref[store.TopicPartition{Topic: "orders", Partition: 0}].stats; st.Splits == 0 {
+		t.Errorf("orders/0 has %d splits, want a grown chain", st.Splits)
 	}
 	if st := ref[store.TopicPartition{Topic: "orders", Partition: 1}].stats; st.Generations != 5 {
 		t.Errorf("orders/1 has %d generations, want 5", st.Generations)
