@@ -15,11 +15,13 @@ import (
 // Create one per process with NewMetrics and share it between Deduplicators;
 // safe for concurrent use.
 type Metrics struct {
-	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full *prometheus.CounterVec
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full, operations, pageReads *prometheus.CounterVec
 
 	commitSeconds prometheus.Histogram
 
-	load, newestLoad, subFilters, generations, watermark, items, fpr, targetFPR, bytes, bits, nearFull *prometheus.GaugeVec
+	load, newestLoad, subFilters, generations, watermark, items, fpr, targetFPR, bytes, bits, nearFull, splits *prometheus.GaugeVec
+	// entries is labelled by fingerprint length too.
+	entries *prometheus.GaugeVec
 
 	// stateBytes is the sum of kdedup_filter_bytes over the open
 	// partitions (StateBytes).
@@ -53,6 +55,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		replayed:       counter("kdedup_replayed_records_total", "Records applied to the filter without forwarding, to rebuild or catch up state from the input topic."),
 		expired:        counter("kdedup_filter_generations_expired_total", "Generations dropped because the dedup window passed them (only with WINDOW set)."),
 		full:           counter("kdedup_filter_full_records_total", "Records whose key the chain could not remember because the key's generation holds the maximum of 64 sub-filters; new keys are forwarded and their repeats will be too."),
+		operations:     counter("kdedup_filter_operations_total", "Filter operations (lookups, inserts, adds, counts, deletes, refreshes) deciding records."),
+		pageReads:      counter("kdedup_filter_page_reads_total", "Pages the filter operations read: one per sub-filter an operation looks in, two more per page split; over kdedup_filter_operations_total, the pages touched per operation (1 until a chain appends a second sub-filter, at 256 times CAPACITY)."),
 		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kdedup_batch_commit_seconds",
 			Help:    "Latency of one write batch (dirty pages, metadata and checkpoint in one Badger transaction).",
@@ -64,12 +68,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		generations: gauge("kdedup_filter_generations", "Live generations of the partition's chain (1 without a dedup window; at most WINDOW_GENERATIONS+1 with one)."),
 		watermark:   gauge("kdedup_filter_watermark_timestamp_seconds", "Highest record timestamp the partition's chain has seen, which drives window expiry (only with WINDOW set)."),
 		items:       gauge("kdedup_filter_items", "Fingerprints stored in the partition's chain."),
-		fpr:         gauge("kdedup_filter_estimated_fpr", "Estimated false-positive rate of the chain: the sum of 2*b*load/2^f over sub-filters."),
+		fpr:         gauge("kdedup_filter_estimated_fpr", "Estimated false-positive rate of the chain: over its entries, the chance a key never inserted lands in an entry's buckets times 2^-(its fingerprint length) (filter.SubFilter.EstimatedFPR)."),
 		targetFPR:   gauge("kdedup_filter_target_fpr", "False-positive rate the chain is configured to stay under (TARGET_FPR); not exported when FINGERPRINT_BITS fixes the width instead."),
 		bytes:       gauge("kdedup_filter_bytes", "Size of the chain's pages, in bytes, allocated or not."),
 		bits:        gauge("kdedup_filter_fingerprint_width", "Fingerprint width in bits of the newest sub-filter (widths grow by one bit per sub-filter to keep the target false-positive rate)."),
 		nearFull:    gauge("kdedup_filter_near_full", "1 when the chain can add at most one more sub-filter before inserts fail or the target false-positive rate can no longer be kept."),
+		splits:      gauge("kdedup_filter_splits", "Page splits of the partition's chain: its sub-filters grow in place, a page splitting in two when a key does not fit, up to 256 times their first pages."),
 	}
+	m.entries = f.NewGaugeVec(prometheus.GaugeOpts{Name: "kdedup_filter_entries",
+		Help: "Entries of the partition's chain by fingerprint length in bits (length): an entry inserted before its page split holds one bit less per split, and the estimated false-positive rate sums 2^-length over entries."},
+		[]string{"topic", "partition", "length"})
 	// An atomic read: a scrape never waits for a partition.
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kdedup_state_bytes",
@@ -84,8 +92,13 @@ type partitionMetrics struct {
 	// bytes is the partition's share of m.stateBytes.
 	bytes *int64
 
-	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full prometheus.Counter
-	commitSeconds                                                                                         prometheus.Observer
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full, operations, pageReads prometheus.Counter
+	commitSeconds                                                                                                             prometheus.Observer
+	// counted is the chain's Stats().Operations and PageReads last added
+	// to the counters (a chain opened again counts from 0).
+	counted *[2]uint64
+	// lengths are the fingerprint lengths exported in kdedup_filter_entries.
+	lengths *[]int
 }
 
 // forPartition returns the metrics of topic/partition. targetFPR is the
@@ -109,7 +122,11 @@ func (m *Metrics) forPartition(topic string, partition int32, targetFPR float64)
 		replayed:       m.replayed.WithLabelValues(l...),
 		expired:        m.expired.WithLabelValues(l...),
 		full:           m.full.WithLabelValues(l...),
+		operations:     m.operations.WithLabelValues(l...),
+		pageReads:      m.pageReads.WithLabelValues(l...),
 		commitSeconds:  m.commitSeconds,
+		counted:        new([2]uint64),
+		lengths:        new([]int),
 	}
 }
 
@@ -133,6 +150,26 @@ func (pm partitionMetrics) observe(s filter.Stats) {
 		nearFull = 1
 	}
 	m.nearFull.WithLabelValues(l...).Set(nearFull)
+	m.splits.WithLabelValues(l...).Set(float64(s.Splits))
+	for i, now := range [2]uint64{s.Operations, s.PageReads} {
+		if now < pm.counted[i] {
+			pm.counted[i] = 0 // the chain was opened again
+		}
+		[2]prometheus.Counter{pm.operations, pm.pageReads}[i].Add(float64(now - pm.counted[i]))
+		pm.counted[i] = now
+	}
+	for _, l := range *pm.lengths {
+		if s.Entries[l] == 0 {
+			m.entries.DeleteLabelValues(pm.labels[0], pm.labels[1], strconv.Itoa(l))
+		}
+	}
+	*pm.lengths = (*pm.lengths)[:0]
+	for l, n := range s.Entries {
+		if n > 0 {
+			m.entries.WithLabelValues(pm.labels[0], pm.labels[1], strconv.Itoa(l)).Set(float64(n))
+			*pm.lengths = append(*pm.lengths, l)
+		}
+	}
 }
 
 // forget drops the gauges of a partition this worker no longer owns;
@@ -140,7 +177,8 @@ func (pm partitionMetrics) observe(s filter.Stats) {
 func (pm partitionMetrics) forget() {
 	pm.m.stateBytes.Add(-*pm.bytes)
 	*pm.bytes = 0
-	for _, g := range []*prometheus.GaugeVec{pm.m.load, pm.m.newestLoad, pm.m.subFilters, pm.m.generations, pm.m.watermark, pm.m.items, pm.m.fpr, pm.m.targetFPR, pm.m.bytes, pm.m.bits, pm.m.nearFull} {
+	for _, g := range []*prometheus.GaugeVec{pm.m.load, pm.m.newestLoad, pm.m.subFilters, pm.m.generations, pm.m.watermark, pm.m.items, pm.m.fpr, pm.m.targetFPR, pm.m.bytes, pm.m.bits, pm.m.nearFull, pm.m.splits} {
 		g.DeleteLabelValues(pm.labels...)
 	}
+	pm.m.entries.DeletePartialMatch(prometheus.Labels{"topic": pm.labels[0], "partition": pm.labels[1]})
 }

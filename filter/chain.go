@@ -135,12 +135,13 @@ func (s SubFilter) Depth(page uint32) (int, bool) {
 }
 
 // EstimatedFPR is the probability that a key never inserted matches an
-// entry of s, in expectation over keys: an entry of fingerprint length l
-// in a page matches with probability 2^-(l - depth)... and the key lands in
-// that page with probability 2^-depth/RootPages, in one of its two buckets
-// with probability 2/bucketsPerPage, so that the sum over the entries is
+// entry of s, in expectation over keys: a key lands in the page of an
+// entry at depth d with probability 2^-d/RootPages and in one of its
+// buckets with probability 2/bucketsPerPage, and then matches an entry of
+// fingerprint length l with probability 2^-(l-d) (the d bits of its page
+// match already), so that the sum over the entries is
 // 2/(bucketsPerPage*RootPages) * Σ_i Lengths[i]*2^-(W-1+i). For a
-// sub-filter that never split, 2*b*load/2^(W-1): the bound of Fan et al.
+// sub-filter that never split, 2*b*load/2^(W-1): the rate of Fan et al.
 // section 5.1 for the W-1 bits an entry holds.
 func (s SubFilter) EstimatedFPR() float64 {
 	if s.RootPages == 0 || s.bucketsPerPage == 0 {
@@ -203,6 +204,14 @@ type Stats struct {
 	// Splits is the number of page splits of the live sub-filters: their
 	// pages beyond their root pages.
 	Splits uint64
+	// Entries counts the entries of the live sub-filters by fingerprint
+	// length: Entries[l] hold l bits of their key's hash (SubFilter.Lengths).
+	Entries [MaxFingerprintBits + MaxDepth]uint64
+	// Operations is the number of Contains, Count, Insert, Add, Refresh,
+	// Delete, DeleteAll and Locate calls since the chain was opened, and
+	// PageReads the pages they asked the Pager for: one per sub-filter an
+	// operation looks in, and two more per page it splits.
+	Operations, PageReads uint64
 	// NewestFingerprintBits is the fingerprint width of the newest
 	// sub-filter of the newest generation.
 	NewestFingerprintBits int
@@ -237,6 +246,8 @@ type Chain struct {
 	span      int64  // generation span in ms, 0 without a window
 	kicks     []kick // reused eviction log
 	scratch   []byte // a split's right page, as it is built
+	// ops and reads count operations and the pages they read (Stats).
+	ops, reads uint64
 }
 
 // New returns an empty chain with a secret hash seed (RandomSeed). Without
@@ -356,7 +367,7 @@ func (c *Chain) Len() int { return len(c.subs) }
 
 // Stats returns the chain's load and estimated false-positive rate.
 func (c *Chain) Stats() Stats {
-	s := Stats{SubFilters: len(c.subs), Watermark: c.watermark}
+	s := Stats{SubFilters: len(c.subs), Watermark: c.watermark, Operations: c.ops, PageReads: c.reads}
 	if c.span == 0 {
 		s.Watermark = math.MinInt64
 	}
@@ -367,6 +378,11 @@ func (c *Chain) Stats() Stats {
 		s.Slots += slots
 		s.Bytes += sf.Pages * uint64(c.p.PageBytes)
 		s.Splits += sf.Pages - sf.RootPages
+		for i, n := range sf.Lengths {
+			if l := sf.FingerprintBits - 1 + i; n > 0 && l < len(s.Entries) {
+				s.Entries[l] += n
+			}
+		}
 		s.EstimatedFPR += sf.EstimatedFPR()
 		if i == 0 || sf.Generation != c.subs[i-1].Generation {
 			s.Generations++
@@ -454,6 +470,7 @@ func (c *Chain) generationOf(ts int64) int64 {
 
 // page reads page id from the pager and checks its length.
 func (c *Chain) page(id PageID) ([]byte, error) {
+	c.reads++
 	pg, err := c.pager.Page(id)
 	if err != nil {
 		return nil, fmt.Errorf("filter: reading page %d of sub-filter %d: %w", id.Page, id.SubFilter, err)
@@ -468,6 +485,7 @@ func (c *Chain) page(id PageID) ([]byte, error) {
 // certainly not (no false negatives), true is wrong with probability about
 // Stats().EstimatedFPR.
 func (c *Chain) Contains(key []byte) (bool, error) {
+	c.ops++
 	return c.containsHash(c.hash(key))
 }
 
@@ -484,6 +502,7 @@ func (c *Chain) containsHash(h uint64) (bool, error) {
 // (CF.COUNT): at least the number of Adds of key not yet deleted, more when
 // other keys share its fingerprint and buckets.
 func (c *Chain) Count(key []byte) (int, error) {
+	c.ops++
 	h := c.hash(key)
 	n := 0
 	for s := len(c.subs) - 1; s >= 0; s-- {
@@ -510,6 +529,7 @@ func (c *Chain) Insert(key []byte) (bool, error) {
 // Unix epoch): it advances the watermark to ts and, if key is new, adds it
 // to the generation of ts (see Advance). Without a window ts is ignored.
 func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
+	c.ops++
 	c.Advance(ts)
 	return c.insertHash(c.hash(key), c.generationOf(ts))
 }
@@ -670,6 +690,7 @@ func (c *Chain) Add(key []byte) error {
 // AddAt is Add for a record of timestamp ts: it advances the watermark to
 // ts and adds the copy to the generation of ts.
 func (c *Chain) AddAt(key []byte, ts int64) error {
+	c.ops++
 	c.Advance(ts)
 	return c.addHash(c.hash(key), c.generationOf(ts))
 }
@@ -688,6 +709,7 @@ func (c *Chain) Refresh(key []byte, ts int64) (bool, error) {
 	if c.span == 0 {
 		return false, nil
 	}
+	c.ops++
 	c.Advance(ts)
 	h := c.hash(key)
 	gen := c.generationOf(ts)
@@ -786,6 +808,7 @@ func (c *Chain) grow(h uint64, gen int64) error {
 // deletion"); in dedup that forwards one later duplicate of that other
 // key, it never loses an event.
 func (c *Chain) Delete(key []byte) (bool, error) {
+	c.ops++
 	h := c.hash(key)
 	for s := len(c.subs) - 1; s >= 0; s-- {
 		if removed, err := c.removeCopy(h, s); err != nil || removed {
@@ -799,6 +822,7 @@ func (c *Chain) Delete(key []byte) (bool, error) {
 // page of each), and returns how many it removed: every copy Add stored,
 // and any other key's matching entry (a false deletion, see Delete).
 func (c *Chain) DeleteAll(key []byte) (int, error) {
+	c.ops++
 	h := c.hash(key)
 	n := 0
 	for s := len(c.subs) - 1; s >= 0; s-- {

@@ -1,10 +1,10 @@
 // Package filter implements kdedup's chained cuckoo filter over fixed-size
-// pages: hashing, fingerprints, buckets, the page-local alternate bucket,
-// deterministic eviction with rollback, and the chain of sub-filters that
-// grows by an expansion factor. It is pure Go and does no I/O: pages come
-// from a Pager supplied by the caller and modified pages are handed back
-// through Pager.MarkDirty, so that a store can persist exactly the pages a
-// write batch changed.
+// pages: hashing, variable-length fingerprints, buckets, the page-local
+// alternate bucket, deterministic eviction with rollback, sub-filters that
+// grow in place by splitting pages, and the chain of sub-filters. It is
+// pure Go and does no I/O: pages come from a Pager supplied by the caller
+// and modified pages are handed back through Pager.MarkDirty, so that a
+// store can persist exactly the pages a write batch changed.
 //
 // # Layout
 //
@@ -17,65 +17,95 @@
 // Python's and Rust's hash tables from being flooded. (Format 4 and older
 // hashed with unkeyed xxhash64: a colliding key was found in seconds.)
 // State is a function of the seed, the Params and the operations; a chain
-// rebuilt from nothing gets a new seed. The fingerprint is the high 32 bits truncated to the sub-filter's width f (4
-// to 32 bits), with 0 mapped to 1 because 0 marks an empty slot; the bucket
-// comes from the low 32 bits only, so index and fingerprint come from
-// independent bits (RedisBloom derives its 8-bit fingerprint as hash%255+1,
-// tying it to the index bits; this package does not).
+// rebuilt from nothing gets a new seed.
 //
-// A sub-filter is any number P of pages (1 to 2^20) of PageBytes bytes, so
-// that Capacity is what the first sub-filter holds, not a power of two above
-// it. A page holds n buckets of b bit-packed f-bit slots, n the even number
-// at or below PageBytes*8/(b*f): slot k of bucket j occupies bits
-// [(j*b+k)*f, (j*b+k+1)*f) of the page, little endian. With
-// x = lo32(hash)*P, the page is x>>32 and the bucket in the page (lo32(x)*n)>>32 (Lemire's multiply-shift range
-// reduction, twice). A page that was never written reads as all zeros
+// A sub-filter starts as RootPages pages (1 to 2^20) of PageBytes bytes,
+// so that Capacity is what the first sub-filter holds at a load of 1, not
+// a power of two above it. A page holds n buckets of b bit-packed W-bit
+// slots, n the even number at or below PageBytes*8/(b*W): slot k of bucket
+// j occupies bits [(j*b+k)*W, (j*b+k+1)*W) of the page, little endian.
+// With x = lo32(hash)*RootPages, the root page is x>>32 and the bucket in
+// the page (lo32(x)*n)>>32 (Lemire's multiply-shift range reduction,
+// twice). The fingerprint comes from the other bits of the hash (the high
+// 32, then a SplitMix64 finalizer of the hash for the widest slots), so
+// index and fingerprint come from independent bits (RedisBloom derives its
+// 8-bit fingerprint as hash%255+1, tying it to the index bits; this
+// package does not). A page that was never written reads as all zeros
 // (empty).
+//
+// # Growth in place
+//
+// A sub-filter grows by splitting pages, as InfiniFilter (Dayan et al.,
+// SIGMOD 2023) and Taffy filters (Apple 2022) do, with linear hashing's
+// numbering (Litwin 1980): when a key cannot be placed in its page, not
+// even by an eviction walk, page k at depth d splits into k and
+// k + RootPages*2^d, each key's next fingerprint bit choosing its half.
+// An entry is a variable-length fingerprint in its slot:
+//
+//	tag (W-1-D bits) | prefix (up to D bits) | 1 | zeros
+//
+// with D = MaxDepth (8) for slots of 17 bits or more. The tag never
+// changes and alone gives the alternate bucket, so a split moves each
+// entry to the same slot of one of the two pages and drops one prefix bit:
+// a bit shuffle, no kick, and a bucket of at most b entries gives two of
+// at most b. A new entry keeps D prefix bits; an entry matches a key when
+// the tags are equal and the prefix it kept equals the key's bits. The
+// page a key is in follows from the sub-filter's page depths (kept in the
+// metadata, 4 bits a page number), one hash bit per split, so every
+// Contains, Insert, Count and Delete reads one page of a sub-filter
+// however far it grew: one page up to 256 times Capacity, and an insert
+// dirties one page, or two when it splits one. Splits happen when a page
+// is about 0.89 full (TestLoadAtFirstSplit), so a sub-filter's load runs
+// from about 0.45 after a doubling to 0.89 before the next: between 24 and
+// 40 bits of pages a key at the defaults.
+//
+// Entries are counted by fingerprint length: one inserted in a page at
+// depth i holds W-1+i bits of its key's hash (its slot's and the i the
+// splits took), and a key never inserted matches it with probability
+// 2^-(W-1+i) given it lands in its page and buckets, so
+// SubFilter.EstimatedFPR is the exact expectation, not a bound. Widths
+// come from Params.TargetFPR (Params.SubFilterBits): 21 bits at the
+// defaults, enough for the rate of a sub-filter grown to its deepest, and
+// one more for each sub-filter the chain appends. A delete removes the
+// matching entry with the longest fingerprint, the one least likely to be
+// another key's.
 //
 // The alternate bucket is computed inside the page (partial-key cuckoo
 // hashing, Fan et al. CoNEXT 2014 section 3.1, restricted to a page as the
 // Kvrocks paged design proposes). n is not a power of two in general, so
 // instead of the paper's i XOR hash(fp) it is
 //
-//	alt(i, fp) = (m - i) mod n, m = 2*(mix(fp) mod n/2) + 1
+//	alt(i, tag) = (m - i) mod n, m = 2*(mix(tag) mod n/2) + 1
 //
-// which is also an involution: alt(alt(i, fp), fp) == i. n is made even
-// (an odd count of whole buckets leaves the page's last one unused) and m is
-// odd, so the alternate never equals the primary bucket: every key has two
-// buckets, 2b slots. Every Contains, Insert, Count and Delete touches
-// exactly one page per sub-filter and an insert dirties one page. The price is a lower load at the first failed
-// insertion than with a global alternate (about 89-92% at b=4 instead of
-// ~96%); TestLoadAtFirstExpansion measures it.
-//
-// Widths come from Params.TargetFPR: each new sub-filter gets half the
-// remaining false-positive budget and one more bit (Params.SubFilterBits),
-// so the chain's rate stays under the target as it grows.
+// which is also an involution: alt(alt(i, tag), tag) == i. n is made even
+// (an odd count of whole buckets leaves the page's last one unused) and m
+// is odd, so the alternate never equals the primary bucket: every key has
+// two buckets, 2b slots.
 //
 // # Eviction
 //
-// When both candidate buckets are full, Add walks an eviction path of at most
-// MaxKicks steps, choosing the victim bucket and slot with a PRNG seeded from
-// the key's hash, so that the filter state is a pure function of the sequence
-// of operations and the Params (recovery replays input to rebuild state). A
-// walk that fails is rolled back step by step, so no fingerprint is ever lost
-// (seiflotfy/cuckoofilter and panmari/cuckoofilter drop the last victim, a
-// false negative that a dedup worker would turn into a forwarded duplicate).
+// When both candidate buckets are full, an insert walks an eviction path
+// of at most MaxKicks steps within the page, choosing the victim bucket and
+// slot with a PRNG seeded from the key's hash bits, so that the filter
+// state is a pure function of the sequence of operations and the Params
+// (recovery replays input to rebuild state). A walk that fails is rolled
+// back step by step, so no fingerprint is ever lost (seiflotfy/cuckoofilter
+// and panmari/cuckoofilter drop the last victim, a false negative that a
+// dedup worker would turn into a forwarded duplicate); the page then
+// splits.
 //
 // # Chain
 //
-// Inserts go to the newest sub-filter. When its walk fails the key goes to
-// an older sub-filter that has room for it (an empty slot in its buckets,
-// then an eviction walk), and only when none has does the chain append a
-// sub-filter with Expansion times the pages of the newest one and insert
-// there, as RedisBloom's scalable cuckoo filter does on the first failure.
-// With page-local buckets the first failure comes when the fullest page of
-// the newest sub-filter overflows, at a load of 0.87-0.91 over thousands
-// of pages: filling the older ones first lets the chain reach a load of
-// 0.93-0.94 before it grows, and reuses slots that deletes freed
-// in older sub-filters (TestChainGrowsOnlyWhenFull). Lookups check newest
-// first. The false-positive rate of one
-// sub-filter is about 2*b*load/2^f (paper section 5.1); the chain's is the sum
-// of its sub-filters' rates, see Stats.EstimatedFPR.
+// Inserts go to the newest sub-filter. When its page is at the deepest
+// (MaxDepth doublings) and full, or the sub-filter's estimated rate has
+// reached its share of the target, the key goes to an older sub-filter
+// with an empty slot in its buckets and a share left, else the chain
+// appends a sub-filter one bit wider with Expansion times the root pages
+// of the newest (RedisBloom's scalable cuckoo filter, reached after 256
+// times growth instead of 2). Lookups check newest first. The chain's
+// estimated false-positive rate is the sum of its sub-filters'
+// (Stats.EstimatedFPR), kept under the target by the geometric budget of
+// scalable Bloom filters.
 //
 // # Generations
 //

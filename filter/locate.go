@@ -15,6 +15,7 @@ type Location struct {
 // Stats().EstimatedFPR over the chain. Like Count it reads one page per
 // sub-filter and changes nothing; errors are the Pager's, wrapped.
 func (c *Chain) Locate(key []byte) ([]Location, error) {
+	c.ops++
 	h := c.hash(key)
 	var locs []Location
 	for s := range c.subs {
