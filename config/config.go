@@ -72,12 +72,12 @@ type Config struct {
 	SASLPasswordFile string `env:"SASL_PASSWORD_FILE,file" envDefault:"" secret:"true" doc:"Path of a file holding the SASL password (a mounted Secret), read at start-up; one trailing newline is ignored"`
 
 	// Cuckoo filter, per topic-partition.
-	TargetFPR       float64 `env:"TARGET_FPR" envDefault:"0.0001" doc:"False-positive rate (false drops) each partition's filter stays under as it grows: each new sub-filter gets half the remaining budget and one more fingerprint bit; between 0 and 1"`
-	FingerprintBits int     `env:"FINGERPRINT_BITS" envDefault:"0" doc:"Fixed fingerprint width for every sub-filter, 4 to 32 bits, overriding TARGET_FPR (the rate then grows with each sub-filter, about 2*BUCKET_SIZE*load/2^bits each); 0 derives widths from TARGET_FPR"`
+	TargetFPR       float64 `env:"TARGET_FPR" envDefault:"0.0001" doc:"False-positive rate (false drops) each partition's filter stays under as it grows: a sub-filter grows in place by splitting pages, up to 256 times its first size; each sub-filter appended after that gets half the remaining budget and one more fingerprint bit; between 0 and 1"`
+	FingerprintBits int     `env:"FINGERPRINT_BITS" envDefault:"0" doc:"Fixed fingerprint (slot) width for every sub-filter, 4 to 32 bits, overriding TARGET_FPR (the rate then grows with each sub-filter appended; below 17 bits a sub-filter doubles in place only bits-9 times, never below 10 bits); 0 derives widths from TARGET_FPR"`
 	BucketSize      int     `env:"BUCKET_SIZE" envDefault:"4" doc:"Fingerprint slots per bucket: 2, 4 or 8"`
-	Capacity        uint64  `env:"CAPACITY" envDefault:"1000000" doc:"Keys the first sub-filter of each topic-partition holds, from 1 to what 2^20 pages of PAGE_BYTES hold (about 1.9 billion with 4KiB pages and 18-bit fingerprints, 2^32 at most with larger pages)"`
-	MaxKicks        int     `env:"MAX_KICKS" envDefault:"500" doc:"Evictions an insert tries before a new sub-filter is added to the chain, 1 to 100000"`
-	Expansion       int     `env:"EXPANSION" envDefault:"2" doc:"Capacity of each new sub-filter as a multiple of the previous one, 1 to 64"`
+	Capacity        uint64  `env:"CAPACITY" envDefault:"1000000" doc:"Keys the first sub-filter of each topic-partition holds before its pages split (it grows in place to 256 times that before another is appended), from 1 to what 2^20 pages of PAGE_BYTES hold (2^32 at most with larger pages)"`
+	MaxKicks        int     `env:"MAX_KICKS" envDefault:"500" doc:"Evictions an insert tries before its page splits (or, once the sub-filter has doubled 8 times, a new sub-filter is appended to the chain), 1 to 100000"`
+	Expansion       int     `env:"EXPANSION" envDefault:"2" doc:"Root pages of a newly appended sub-filter as a multiple of the newest one's, once that one has doubled in place 8 times (or spent its share of TARGET_FPR), 1 to 64"`
 
 	// Storage.
 	DataDir       string        `env:"DATA_DIR" envDefault:"./data" doc:"Directory holding the filter state of every topic-partition"`

@@ -93,7 +93,7 @@ type partitionMetrics struct {
 	bytes *int64
 
 	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full, operations, pageReads prometheus.Counter
-	commitSeconds                                                                                                             prometheus.Observer
+	commitSeconds                                                                                                                prometheus.Observer
 	// counted is the chain's Stats().Operations and PageReads last added
 	// to the counters (a chain opened again counts from 0).
 	counted *[2]uint64
