@@ -85,7 +85,7 @@ func BenchmarkLoadAtFirstSplit(b *testing.B) {
 // distinct keys (default 25,000,000, the keys a partition of a 100M-key
 // worker on 4 partitions holds) and reports the bits of pages per key at
 // the end (bits/key), their maximum and mean over 200 points spaced
-// evenly on a log scale from 2M keys (or n/100) to the end (bits/key-max,
+// evenly on a log scale from 2M keys (n/10 below 20M keys) to the end (bits/key-max,
 // bits/key-mean), the load, the sub-filters and the most pages a lookup
 // reads (pages/lookup: the sub-filters). With KDEDUP_BENCH_DATA set it
 // writes the points as CSV (keys, bits/key, load, sub-filters, estimated
@@ -97,7 +97,10 @@ func BenchmarkChainGrowth(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("KDEDUP_BENCH_GROWTH_KEYS")); err == nil && v > 0 {
 		n = v
 	}
-	from := min(2_000_000, n/100)
+	from := 2_000_000 // where the goal's curve starts
+	if n < 20_000_000 {
+		from = n / 10
+	}
 	const points = 200
 	for b.Loop() {
 		c, _ := newMem(b, Params{})
