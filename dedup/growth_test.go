@@ -24,7 +24,8 @@ func TestGrowthMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	db := openDB(t, "", store.Options{})
-	p := openPartition(t, db, "orders", 0, Options{Filter: filter.Params{Capacity: 1024}}, m)
+	// 32-bit slots, so that no key is a false positive.
+	p := openPartition(t, db, "orders", 0, Options{Filter: filter.Params{FingerprintBits: 32, Capacity: 1024}}, m)
 	defer p.Close()
 	d := &decider{t: t, p: p}
 	records := 0

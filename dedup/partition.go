@@ -176,6 +176,10 @@ type Deduplicator struct {
 	// buckets the poll whose buckets decide prefetches.
 	ahead   readAhead
 	buckets bucketAhead
+	// hashed holds the keys and hashes of the records whose buckets were
+	// prefetched, by offset, so that deciding them derives and hashes
+	// each key once.
+	hashed [2 * bucketsAhead]hashedKey
 }
 
 // tally counts decisions not yet added to the metrics.
@@ -317,13 +321,13 @@ func (p *Deduplicator) decide(r *kgo.Record) (Decision, error) {
 	// input's, whatever the record holds.
 	ts := r.Timestamp.UnixMilli()
 	p.tally.expired += p.chain.Advance(ts)
-	key, err := p.opts.Key.Of(r)
+	h, err := p.hashOf(r)
 	if err != nil {
 		p.lastKeyErr = err
 		return Unkeyed, nil
 	}
 	if r.Value == nil || p.isDeleteMarker(r) {
-		found, err := p.deleteAll(key)
+		found, err := p.deleteAll(h)
 		if err != nil {
 			return Delete, p.wrap(r, err)
 		}
@@ -333,36 +337,36 @@ func (p *Deduplicator) decide(r *kgo.Record) (Decision, error) {
 		return Delete, nil
 	}
 	if limit := p.opts.maxOccurrences(); limit > 1 {
-		n, err := p.chain.Count(key)
+		n, err := p.chain.CountHash(h)
 		if err != nil {
 			return Forward, p.wrap(r, err)
 		}
 		if n >= limit {
 			// No copy beyond the limit: a hot key never grows the chain.
-			return OverLimit, p.refresh(r, key, ts)
+			return OverLimit, p.refresh(r, h, ts)
 		}
-		if err := p.chain.AddAt(key, ts); err != nil {
+		if err := p.chain.AddHashAt(h, ts); err != nil {
 			return Forward, p.full(r, err)
 		}
 		return Forward, nil
 	}
-	added, err := p.chain.InsertAt(key, ts)
+	added, err := p.chain.InsertHashAt(h, ts)
 	if err != nil {
 		return Forward, p.full(r, err)
 	}
 	if !added {
-		return Duplicate, p.refresh(r, key, ts)
+		return Duplicate, p.refresh(r, h, ts)
 	}
 	return Forward, nil
 }
 
 // refresh re-remembers the key of a dropped record when Options.Refresh is
 // set.
-func (p *Deduplicator) refresh(r *kgo.Record, key []byte, ts int64) error {
+func (p *Deduplicator) refresh(r *kgo.Record, h filter.Hash, ts int64) error {
 	if !p.opts.Refresh {
 		return nil
 	}
-	if _, err := p.chain.Refresh(key, ts); err != nil {
+	if _, err := p.chain.RefreshHash(h, ts); err != nil {
 		return p.full(r, err)
 	}
 	return nil
@@ -386,8 +390,8 @@ func (p *Deduplicator) full(r *kgo.Record, err error) error {
 // whatever the limit. Copies of other keys sharing the fingerprint and
 // buckets go too: each lets one more record of that key through later, it
 // never drops one.
-func (p *Deduplicator) deleteAll(key []byte) (int, error) {
-	return p.chain.DeleteAll(key)
+func (p *Deduplicator) deleteAll(h filter.Hash) (int, error) {
+	return p.chain.DeleteAllHash(h)
 }
 
 func (p *Deduplicator) count(d Decision) {

@@ -138,16 +138,46 @@ func (p *Deduplicator) startBucketAhead(recs []*kgo.Record) {
 }
 
 // prefetchBuckets prefetches the buckets of the records of the poll up to
-// bucketsAhead past r, which is about to be decided.
+// bucketsAhead past r, which is about to be decided, and keeps the hash of
+// each one's key for its decision (hashOf): one key derivation and one
+// hash a record.
 func (p *Deduplicator) prefetchBuckets(r *kgo.Record) {
 	b := &p.buckets
 	recs := b.recs
 	from, to := b.advance(r.Offset)
 	for _, rec := range recs[from:to] {
 		if key, err := p.opts.Key.Of(rec); err == nil {
-			p.chain.PrefetchBuckets(key)
+			h := p.chain.Hash(key)
+			p.chain.PrefetchBucketsHash(h)
+			p.hashed[uint64(rec.Offset)%uint64(len(p.hashed))] = hashedKey{rec: rec, chain: p.chain, hash: h}
 		}
 	}
+}
+
+// hashedKey is the hash of a record's key under chain, kept from the
+// prefetch of its buckets to its decision.
+type hashedKey struct {
+	rec   *kgo.Record
+	chain *filter.Chain
+	hash  filter.Hash
+}
+
+// hashOf returns the hash of r's key under the chain: the one its bucket
+// prefetch kept, when it kept one for r and this chain (a chain opened
+// again is another, whose seed may differ), else the key derived and
+// hashed now. The error is the key's (Unkeyed).
+func (p *Deduplicator) hashOf(r *kgo.Record) (filter.Hash, error) {
+	e := &p.hashed[uint64(r.Offset)%uint64(len(p.hashed))]
+	if e.rec == r && e.chain == p.chain {
+		h := e.hash
+		*e = hashedKey{}
+		return h, nil
+	}
+	key, err := p.opts.Key.Of(r)
+	if err != nil {
+		return 0, err
+	}
+	return p.chain.Hash(key), nil
 }
 
 // advance moves the window to the record at offset, about to be decided,

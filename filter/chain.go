@@ -339,6 +339,17 @@ func (c *Chain) hash(key []byte) uint64 {
 	return siphash.Hash(c.seed.K0, c.seed.K1, key)
 }
 
+// Hash is a key's hash under one chain's secret seed (Chain.Hash): what
+// every operation computes from the key first. A caller that looks at a
+// key twice, as dedup prefetches a record's buckets before it decides the
+// record, hashes it once and passes the Hash to the ...Hash methods. A
+// Hash is only valid for the chain that computed it, or one opened from
+// its metadata (same seed).
+type Hash uint64
+
+// Hash returns key's hash (SipHash-2-4 under the chain's seed).
+func (c *Chain) Hash(key []byte) Hash { return Hash(c.hash(key)) }
+
 // subFilter describes a new, empty sub-filter: the i-th of generation gen,
 // of the given root page count, with the next unused ID.
 func (c *Chain) subFilter(gen int64, i int, rootPages uint64) SubFilter {
@@ -501,9 +512,12 @@ func (c *Chain) containsHash(h uint64) (bool, error) {
 // Count returns the number of copies of key's fingerprint across the chain
 // (CF.COUNT): at least the number of Adds of key not yet deleted, more when
 // other keys share its fingerprint and buckets.
-func (c *Chain) Count(key []byte) (int, error) {
+func (c *Chain) Count(key []byte) (int, error) { return c.CountHash(c.Hash(key)) }
+
+// CountHash is Count of the key of hash hh.
+func (c *Chain) CountHash(hh Hash) (int, error) {
 	c.ops++
-	h := c.hash(key)
+	h := uint64(hh)
 	n := 0
 	for s := len(c.subs) - 1; s >= 0; s-- {
 		var pos position
@@ -529,9 +543,14 @@ func (c *Chain) Insert(key []byte) (bool, error) {
 // Unix epoch): it advances the watermark to ts and, if key is new, adds it
 // to the generation of ts (see Advance). Without a window ts is ignored.
 func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
+	return c.InsertHashAt(c.Hash(key), ts)
+}
+
+// InsertHashAt is InsertAt of the key of hash h.
+func (c *Chain) InsertHashAt(h Hash, ts int64) (bool, error) {
 	c.ops++
 	c.Advance(ts)
-	return c.insertHash(c.hash(key), c.generationOf(ts))
+	return c.insertHash(uint64(h), c.generationOf(ts))
 }
 
 // insertHash is InsertAt for hash h and generation gen.
@@ -689,10 +708,13 @@ func (c *Chain) Add(key []byte) error {
 
 // AddAt is Add for a record of timestamp ts: it advances the watermark to
 // ts and adds the copy to the generation of ts.
-func (c *Chain) AddAt(key []byte, ts int64) error {
+func (c *Chain) AddAt(key []byte, ts int64) error { return c.AddHashAt(c.Hash(key), ts) }
+
+// AddHashAt is AddAt of the key of hash h.
+func (c *Chain) AddHashAt(h Hash, ts int64) error {
 	c.ops++
 	c.Advance(ts)
-	return c.addHash(c.hash(key), c.generationOf(ts))
+	return c.addHash(uint64(h), c.generationOf(ts))
 }
 
 // Refresh re-remembers key for a record of timestamp ts (sliding expiry):
@@ -709,9 +731,17 @@ func (c *Chain) Refresh(key []byte, ts int64) (bool, error) {
 	if c.span == 0 {
 		return false, nil
 	}
+	return c.RefreshHash(c.Hash(key), ts)
+}
+
+// RefreshHash is Refresh of the key of hash hh.
+func (c *Chain) RefreshHash(hh Hash, ts int64) (bool, error) {
+	if c.span == 0 {
+		return false, nil
+	}
 	c.ops++
 	c.Advance(ts)
-	h := c.hash(key)
+	h := uint64(hh)
 	gen := c.generationOf(ts)
 	for s := range c.subs {
 		if c.subs[s].Generation >= gen {
@@ -821,9 +851,12 @@ func (c *Chain) Delete(key []byte) (bool, error) {
 // DeleteAll removes every entry matching key, in every sub-filter (one
 // page of each), and returns how many it removed: every copy Add stored,
 // and any other key's matching entry (a false deletion, see Delete).
-func (c *Chain) DeleteAll(key []byte) (int, error) {
+func (c *Chain) DeleteAll(key []byte) (int, error) { return c.DeleteAllHash(c.Hash(key)) }
+
+// DeleteAllHash is DeleteAll of the key of hash hh.
+func (c *Chain) DeleteAllHash(hh Hash) (int, error) {
 	c.ops++
-	h := c.hash(key)
+	h := uint64(hh)
 	n := 0
 	for s := len(c.subs) - 1; s >= 0; s-- {
 		var pos position

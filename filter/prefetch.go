@@ -96,11 +96,18 @@ type Peeker interface {
 // tables and filters, as in Kvrocks' and RocksDB's MultiGet, one level
 // down: the CPU cache instead of the disk.)
 func (c *Chain) PrefetchBuckets(key []byte) {
+	if c.peeker != nil && PrefetchesBuckets {
+		c.PrefetchBucketsHash(c.Hash(key))
+	}
+}
+
+// PrefetchBucketsHash is PrefetchBuckets of the key of hash hh.
+func (c *Chain) PrefetchBucketsHash(hh Hash) {
 	pk := c.peeker
 	if pk == nil || !PrefetchesBuckets {
 		return
 	}
-	h := c.hash(key)
+	h := uint64(hh)
 	var pos position
 	for s := range c.subs {
 		c.locate(&pos, h, s) // the buckets open finds
