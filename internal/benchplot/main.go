@@ -2,6 +2,7 @@
 // benchmark output saved as text or CSV:
 //
 //	go run ./internal/benchplot -kind fpr -in docs/bench/fpr-growth.csv -out docs/bench/fpr-growth.png
+//	go run ./internal/benchplot -kind growth -in docs/bench/growth-in-place-200m.csv -out docs/bench/growth-in-place.png
 //	go run ./internal/benchplot -kind load -op contains -in docs/bench/peers.txt -out docs/bench/contains-load.png
 //	go run ./internal/benchplot -kind load -op insert -in docs/bench/peers.txt -out docs/bench/insert-load.png
 //	go run ./internal/benchplot -kind throughput -in docs/bench/bench.txt -out docs/bench/throughput.png
@@ -63,7 +64,7 @@ func main() {
 func run(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("benchplot", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	kind := fs.String("kind", "", "fpr, load, throughput or scale")
+	kind := fs.String("kind", "", "fpr, growth, load, throughput or scale")
 	op := fs.String("op", "", "with -kind load: contains (default), insert or insert+delete; with -kind scale: cpu (default), bytes or rss")
 	in := fs.String("in", "", "input file")
 	out := fs.String("out", "", "output PNG file")
@@ -83,6 +84,8 @@ func run(args []string, stderr io.Writer) error {
 	switch *kind {
 	case "fpr":
 		p, err = fprPlot(f)
+	case "growth":
+		p, err = growthPlot(f)
 	case "load":
 		p, err = loadPlot(f, cmp.Or(*op, "contains"))
 	case "throughput":
@@ -90,7 +93,7 @@ func run(args []string, stderr io.Writer) error {
 	case "scale":
 		p, err = scalePlot(f, cmp.Or(*op, "cpu"))
 	default:
-		return fmt.Errorf("-kind %q: want fpr, load, throughput or scale", *kind)
+		return fmt.Errorf("-kind %q: want fpr, growth, load, throughput or scale", *kind)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", *in, err)
@@ -139,6 +142,37 @@ func fprPlot(r io.Reader) (*plot.Plot, error) {
 		}
 	}
 	if err := plotutil.AddLinePoints(p, lines...); err != nil {
+		return nil, err
+	}
+	p.Add(plotter.NewGrid())
+	return p, nil
+}
+
+// growthPlot draws bits of pages per key against keys held (log x), from
+// the CSV BenchmarkChainGrowth writes (keys,bits_per_key,...).
+func growthPlot(r io.Reader) (*plot.Plot, error) {
+	rows, err := csv.NewReader(r).ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) < 2 || len(rows[0]) < 2 || rows[0][0] != "keys" || rows[0][1] != "bits_per_key" {
+		return nil, errors.New("want a CSV with a header keys,bits_per_key,...")
+	}
+	var xys plotter.XYs
+	for _, row := range rows[1:] {
+		x, err1 := strconv.ParseFloat(row[0], 64)
+		y, err2 := strconv.ParseFloat(row[1], 64)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, err
+		}
+		xys = append(xys, plotter.XY{X: x, Y: y})
+	}
+	p := plot.New()
+	p.Title.Text = "Bits of pages per key as one chain grows"
+	p.X.Label.Text = "keys held"
+	p.Y.Label.Text = "bits of pages per key"
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	if err := plotutil.AddLinePoints(p, "bits per key", xys); err != nil {
 		return nil, err
 	}
 	p.Add(plotter.NewGrid())

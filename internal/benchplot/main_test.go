@@ -103,3 +103,26 @@ func TestScalePlot(t *testing.T) {
 		t.Error("no BenchmarkScale results: no error")
 	}
 }
+
+// TestGrowthPlot draws a CSV of BenchmarkChainGrowth's shape and refuses
+// one of another header.
+func TestGrowthPlot(t *testing.T) {
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "growth.csv"), filepath.Join(dir, "growth.png")
+	if err := os.WriteFile(in, []byte("keys,bits_per_key,load,sub_filters,estimated_fpr\n2000000,26.9,0.78,1,2e-5\n4000000,36.1,0.58,1,2.2e-5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run([]string{"-kind", "growth", "-in", in, "-out", out}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(out); err != nil || !bytes.HasPrefix(data, []byte("\x89PNG")) {
+		t.Fatalf("%s is not a PNG: %v", out, err)
+	}
+	bad := filepath.Join(dir, "bad.csv")
+	if err := os.WriteFile(bad, []byte("growth,x\n1,2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run([]string{"-kind", "growth", "-in", bad, "-out", out}, io.Discard); err == nil {
+		t.Error("a CSV of another header: no error")
+	}
+}
