@@ -183,15 +183,21 @@ type subFilterReport struct {
 	GenerationStart *string `json:"generation_start"`
 	GenerationEnd   *string `json:"generation_end"`
 	Pages           uint64  `json:"pages"`
-	Buckets         uint64  `json:"buckets"`
+	// RootPages is the pages the sub-filter started with; Pages-RootPages
+	// of its pages came from splits.
+	RootPages uint64 `json:"root_pages"`
+	// Entries counts the entries by fingerprint length in bits (only
+	// lengths that have entries).
+	Entries map[int]uint64 `json:"entries_by_length"`
+	Buckets uint64         `json:"buckets"`
 	// Slots is the sub-filter's capacity in fingerprints.
 	Slots           uint64 `json:"slots"`
 	FingerprintBits int    `json:"fingerprint_bits"`
 	Items           uint64 `json:"items"`
 	// LoadFactor is Items/Slots.
 	LoadFactor float64 `json:"load_factor"`
-	// EstimatedFPR is filter.ExpectedFPR(bucket size, width, load): the
-	// sub-filter's share of the chain's estimated false-positive rate.
+	// EstimatedFPR is filter.SubFilter.EstimatedFPR: the sub-filter's
+	// share of the chain's estimated false-positive rate.
 	EstimatedFPR float64 `json:"estimated_fpr"`
 	// Bytes is Pages*PageBytes (pages never written take no disk space).
 	Bytes uint64 `json:"bytes"`
@@ -242,10 +248,16 @@ func inspectPartition(db *store.DB, tp store.TopicPartition) (pr partitionReport
 		slots := sf.Slots(p.BucketSize)
 		load := float64(sf.Items) / float64(slots)
 		r := subFilterReport{
-			ID: sf.ID, Generation: sf.Generation, Pages: sf.Pages, Buckets: sf.Buckets(), Slots: slots,
+			ID: sf.ID, Generation: sf.Generation, Pages: sf.Pages, RootPages: sf.RootPages, Entries: map[int]uint64{},
+			Buckets: sf.Buckets(), Slots: slots,
 			FingerprintBits: sf.FingerprintBits, Items: sf.Items, LoadFactor: load,
-			EstimatedFPR: filter.ExpectedFPR(p.BucketSize, sf.FingerprintBits, load),
+			EstimatedFPR: sf.EstimatedFPR(),
 			Bytes:        sf.Pages * uint64(p.PageBytes),
+		}
+		for i, n := range sf.Lengths {
+			if n > 0 {
+				r.Entries[sf.FingerprintBits-1+i] = n
+			}
 		}
 		r.GenerationStart, r.GenerationEnd = generationBounds(p, sf.Generation)
 		pr.SubFilters = append(pr.SubFilters, r)

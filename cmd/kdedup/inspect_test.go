@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -224,12 +225,22 @@ func checkPartitionReport(t *testing.T, pr partitionReport, s *partitionState, m
 		got := pr.SubFilters[i]
 		slots := sf.Slots(p.BucketSize)
 		load := float64(sf.Items) / float64(slots)
-		want := subFilterReport{ID: sf.ID, Generation: sf.Generation, Pages: sf.Pages, Buckets: sf.Buckets(), Slots: slots,
+		want := subFilterReport{ID: sf.ID, Generation: sf.Generation, Pages: sf.Pages, RootPages: sf.RootPages, Buckets: sf.Buckets(), Slots: slots,
 			FingerprintBits: sf.FingerprintBits, Items: sf.Items, LoadFactor: load,
-			EstimatedFPR: filter.ExpectedFPR(p.BucketSize, sf.FingerprintBits, load), Bytes: sf.Pages * uint64(p.PageBytes)}
+			EstimatedFPR: sf.EstimatedFPR(), Bytes: sf.Pages * uint64(p.PageBytes)}
+		var entries uint64
+		for l, n := range got.Entries {
+			if d := l - (sf.FingerprintBits - 1); d < 0 || d > filter.MaxDepth || sf.Lengths[d] != n {
+				t.Errorf("%s sub-filter %d: %d entries of length %d, the metadata counts %v", s.tp, i, n, l, sf.Lengths)
+			}
+			entries += n
+		}
+		if entries != sf.Items {
+			t.Errorf("%s sub-filter %d: entries by length sum to %d, items %d", s.tp, i, entries, sf.Items)
+		}
 		gotBounds := [2]*string{got.GenerationStart, got.GenerationEnd}
-		got.GenerationStart, got.GenerationEnd = nil, nil
-		if got != want {
+		got.GenerationStart, got.GenerationEnd, got.Entries = nil, nil, nil
+		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%s sub-filter %d:\n got %+v\nwant %+v", s.tp, i, got, want)
 		}
 		if span == 0 {
@@ -306,7 +317,7 @@ func TestInspectText(t *testing.T) {
 			slots := sf.Slots(p.BucketSize)
 			load := float64(sf.Items) / float64(slots)
 			row := strings.Fields(fmt.Sprintf("%d %d %d %d %d %.4f %.3g %d", sf.ID, sf.Pages, slots, sf.FingerprintBits, sf.Items, load,
-				filter.ExpectedFPR(p.BucketSize, sf.FingerprintBits, load), sf.Pages*uint64(p.PageBytes)))
+				sf.EstimatedFPR(), sf.Pages*uint64(p.PageBytes)))
 			found := false
 			for _, l := range lines {
 				f := strings.Fields(l)
