@@ -212,7 +212,7 @@ func TestInspectAndCheck(t *testing.T) {
 			load := float64(sf.Items) / float64(slots)
 			if got.ID != sf.ID || got.Generation != sf.Generation || got.GenerationStart != nil || got.GenerationEnd != nil ||
 				got.Pages != sf.Pages || got.Buckets != sf.Buckets() || got.Slots != slots || got.FingerprintBits != sf.FingerprintBits ||
-				got.Items != sf.Items || got.LoadFactor != load || got.EstimatedFPR != filter.ExpectedFPR(mp.BucketSize, sf.FingerprintBits, load) ||
+				got.Items != sf.Items || got.LoadFactor != load || got.EstimatedFPR != sf.EstimatedFPR() ||
 				got.Bytes != sf.Pages*uint64(mp.PageBytes) {
 				t.Errorf("%s sub-filter %d: %+v, stored %+v", tp, j, got, sf)
 			}
