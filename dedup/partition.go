@@ -476,7 +476,7 @@ func (p *Deduplicator) DiscardStaged() error {
 	p.overlay.Discard()
 	p.syncStaged()
 	p.ahead.recs = nil // the input is read again
-	p.buckets = bucketAhead{}
+	p.buckets, p.hashed = bucketAhead{}, [2 * bucketsAhead]hashedKey{}
 	chain, err := filter.Open(p.stableMeta, p.opts.Filter, p.overlay)
 	if err != nil {
 		return fmt.Errorf("restoring the filter of %s/%d: %w", p.topic, p.partition, err)

@@ -46,7 +46,7 @@ func (p *Deduplicator) Restore(img store.Image, pages func(put func(filter.PageI
 		p.syncStaged()
 	}
 	p.ahead.recs = nil
-	p.buckets = bucketAhead{}
+	p.buckets, p.hashed = bucketAhead{}, [2 * bucketsAhead]hashedKey{}
 	p.tally = tally{}
 	if err := p.state.Import(img, pages); err != nil {
 		err = fmt.Errorf("restoring %s/%d from a snapshot: %w", p.topic, p.partition, err)
@@ -115,7 +115,7 @@ func (p *Deduplicator) Clear() error {
 		p.syncStaged()
 	}
 	p.ahead.recs = nil
-	p.buckets = bucketAhead{}
+	p.buckets, p.hashed = bucketAhead{}, [2 * bucketsAhead]hashedKey{}
 	p.tally = tally{}
 	err := p.state.Clear()
 	if _, ok := p.state.Checkpoint(); ok {

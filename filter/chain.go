@@ -119,6 +119,9 @@ func (s SubFilter) Slots(b int) uint64 { return s.Buckets() * uint64(b) }
 // when page is not a page of s now.
 func (s SubFilter) Depth(page uint32) (int, bool) {
 	k := uint64(page)
+	if s.RootPages == 0 { // described by hand (Pages alone): never split
+		return 0, k < s.Pages
+	}
 	if k < s.RootPages {
 		return int(s.depths[k]), true
 	}
@@ -173,10 +176,10 @@ func (s *SubFilter) splits(pos *position) bool {
 	return pos.depth < s.maxDepth && uint64(pos.id.Page)+s.RootPages<<pos.depth < 1<<32
 }
 
-// MaxPagesChangedByInsert bounds the pages one Insert, Add or Refresh of
-// one key changes: the key's page, the page a split of it makes, and a page
-// of another sub-filter when neither takes the key (placeOrGrow); plus
-// one, for Refresh, in the generation the copy leaves.
+// MaxPagesChangedByInsert bounds the pages one Insert or Add of one key
+// changes: the key's page, the page a split of it makes, and a page of
+// another sub-filter when neither takes the key (placeOrGrow). A Refresh
+// changes one more, in the generation the copy leaves.
 const MaxPagesChangedByInsert = 2*maxSplitsPerInsert + 1
 
 // full reports whether the sub-filter's estimated false-positive rate has
@@ -196,8 +199,8 @@ type Stats struct {
 	// NewestLoadFactor is the load factor of the newest sub-filter, the
 	// one inserts go to first.
 	NewestLoadFactor float64
-	// EstimatedFPR is the sum over sub-filters of 2*b*load/2^f: the
-	// probability that a key never inserted is reported present.
+	// EstimatedFPR is the sum over sub-filters of SubFilter.EstimatedFPR:
+	// the probability that a key never inserted is reported present.
 	EstimatedFPR float64
 	// Bytes is the size of all pages of the chain (allocated or not).
 	Bytes uint64
@@ -639,6 +642,14 @@ func (c *Chain) split(pos *position, pg []byte) error {
 	right := c.scratch[:len(pg)]
 	clear(right)
 	slots := int(sf.bucketsPerPage) * c.p.BucketSize
+	// An entry without prefix bits left cannot be in a page that may
+	// split (it would be at the deepest): refuse the page before changing
+	// any of it.
+	for i := range slots {
+		if v := get(pg, i*f, f); v != 0 && v>>k <= 1 {
+			return fmt.Errorf("%w: entry without prefix bits in page %d of sub-filter %d at depth %d", ErrCorrupt, pos.id.Page, sf.ID, pos.depth)
+		}
+	}
 	for i := range slots {
 		off := i * f
 		v := get(pg, off, f)
@@ -646,11 +657,6 @@ func (c *Chain) split(pos *position, pg []byte) error {
 			continue
 		}
 		rest := v >> k
-		if rest <= 1 {
-			// An entry without prefix bits left cannot be at a page
-			// that splits (its page is at the deepest).
-			return fmt.Errorf("%w: entry without prefix bits in page %d of sub-filter %d at depth %d", ErrCorrupt, pos.id.Page, sf.ID, pos.depth)
-		}
 		nv := v&tagMask | rest>>1<<k
 		if rest&1 != 0 {
 			set(pg, off, f, 0)
@@ -833,10 +839,12 @@ func (c *Chain) grow(h uint64, gen int64) error {
 
 // Delete removes one copy of key's fingerprint, newest sub-filter first
 // and, in a sub-filter, the matching entry with the longest fingerprint,
-// and reports whether it found one. Deleting a key that was never inserted
-// can remove another key's matching fingerprint (RedisBloom's "false
-// deletion"); in dedup that forwards one later duplicate of that other
-// key, it never loses an event.
+// and reports whether it found one. Deleting a key that was never inserted,
+// or one whose copy is in an older sub-filter than another key's matching
+// entry, can remove that other key's entry instead (RedisBloom's "false
+// deletion", with probability about the false-positive rate); in dedup
+// that forwards one later duplicate of the other key, it never loses an
+// event.
 func (c *Chain) Delete(key []byte) (bool, error) {
 	c.ops++
 	h := c.hash(key)

@@ -580,3 +580,40 @@ func TestWrongPageLengthIsCorrupt(t *testing.T) {
 		t.Fatalf("Insert over a short page: %v", err)
 	}
 }
+
+// TestFailedSplitChangesNothing: a page holding an entry without prefix
+// bits left (a corrupt page: only a page at the deepest holds one) is
+// refused by a split before any entry moves, so that no entry is lost from
+// the page the pager still holds.
+func TestFailedSplitChangesNothing(t *testing.T) {
+	c, pager := newMem(t, Params{FingerprintBits: 20, Capacity: 16, PageBytes: 256})
+	var pos position
+	pg, err := c.open(&pos, 12345, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf, f := pos.sub, pos.sub.FingerprintBits
+	set(pg, 0, f, 5|uint32(1|1<<sf.maxDepth)<<sf.tagBits)       // next bit 1: it would move
+	set(pg, (int(sf.bucketsPerPage)*4-1)*f, f, 7|1<<sf.tagBits) // no prefix bits left
+	before := bytes.Clone(pg)
+	if err := c.split(&pos, pg); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("split of a page with an exhausted entry: %v, want ErrCorrupt", err)
+	}
+	if after, _ := pager.Page(pos.id); !bytes.Equal(after, before) {
+		t.Fatal("a refused split changed the page")
+	}
+	if sf.Pages != sf.RootPages {
+		t.Fatalf("a refused split added a page: %d of %d root pages", sf.Pages, sf.RootPages)
+	}
+}
+
+// TestDecodeRefusesOverflowingCounts: entry counts whose sum wraps past
+// 2^64 to fewer than the slots are refused, not taken for a small count.
+func TestDecodeRefusesOverflowingCounts(t *testing.T) {
+	c, _ := newMem(t, Params{Capacity: 1000})
+	m := must(DecodeMeta(c.MarshalMeta()))
+	m.SubFilters[0].Lengths[0], m.SubFilters[0].Lengths[1] = 1<<63, 1<<63
+	if _, err := DecodeMeta(m.Marshal()); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("DecodeMeta of counts summing to 2^64: %v, want ErrCorrupt", err)
+	}
+}

@@ -54,7 +54,8 @@
 // metadata, 4 bits a page number), one hash bit per split, so every
 // Contains, Insert, Count and Delete reads one page of a sub-filter
 // however far it grew: one page up to 256 times Capacity, and an insert
-// dirties one page, or two when it splits one. Splits happen when a page
+// dirties one page, two when it splits one, and at most
+// MaxPagesChangedByInsert. Splits happen when a page
 // is about 0.89 full (TestLoadAtFirstSplit), so a sub-filter's load runs
 // from about 0.45 after a doubling to 0.89 before the next: between 24 and
 // 40 bits of pages a key at the defaults.
@@ -97,8 +98,10 @@
 // # Chain
 //
 // Inserts go to the newest sub-filter. When its page is at the deepest
-// (MaxDepth doublings) and full, or the sub-filter's estimated rate has
-// reached its share of the target, the key goes to an older sub-filter
+// (MaxDepth doublings) and full, or still full after one split (a key's
+// buckets full of copies of one fingerprint), or the sub-filter's
+// estimated rate has reached its share of the target, the key goes to an
+// older sub-filter
 // with an empty slot in its buckets and a share left, else the chain
 // appends a sub-filter one bit wider with Expansion times the root pages
 // of the newest (RedisBloom's scalable cuckoo filter, reached after 256

@@ -272,6 +272,9 @@ func DecodeMeta(b []byte) (Meta, error) {
 			if d > s.maxDepth && c != 0 {
 				return Meta{}, fmt.Errorf("%w: sub-filter %d has %d entries inserted at depth %d, beyond its %d", ErrCorrupt, i, c, d, s.maxDepth)
 			}
+			if c > s.Slots(m.Params.BucketSize)-s.Items {
+				return Meta{}, fmt.Errorf("%w: sub-filter %d holds more entries than its %d slots", ErrCorrupt, i, s.Slots(m.Params.BucketSize))
+			}
 			s.Items += c
 			s.weight += c << (s.maxDepth - min(d, s.maxDepth))
 		}
@@ -317,6 +320,10 @@ func (s *SubFilter) decodeDepths(b []byte, n uint64) error {
 	}
 	if n%2 == 1 && b[len(b)-1]>>4 != 0 {
 		return fmt.Errorf("depth bits after the last page")
+	}
+	if n > s.RootPages && s.depths[n-1] == 0 {
+		// Marshal stores no page number past the last in use.
+		return fmt.Errorf("page numbers stored past the last in use (%d of %d)", n-1, n)
 	}
 	s.Pages = 0
 	for d, c := range s.atDepth {
