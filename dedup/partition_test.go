@@ -825,9 +825,10 @@ func TestHashSeedPerPartition(t *testing.T) {
 	}
 }
 
-// TestFullChainForwardsAndCounts fills a chain of one-page sub-filters
-// with Expansion 1 and one eviction a walk until its 64 sub-filters refuse
-// keys (filter.ErrFull, which used to fail the record on every restart):
+// TestFullChainForwardsAndCounts fills a chain of one-page sub-filters of
+// 32 bytes (b=2, 16-bit slots: 16 slots a page, 128 pages once a
+// sub-filter doubled 7 times in place) with Expansion 1 and one eviction a
+// walk until its 64 sub-filters refuse keys (filter.ErrFull, which used to fail the record on every restart):
 // from then on such keys are forwarded without an error, counted in
 // kdedup_filter_full_records_total, and forwarded again when repeated;
 // keys remembered before stay duplicates, and the state commits.
@@ -835,8 +836,8 @@ func TestFullChainForwardsAndCounts(t *testing.T) {
 	for _, maxOcc := range []int{1, 3} {
 		t.Run(fmt.Sprintf("max occurrences %d", maxOcc), func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			db := openDB(t, "", store.Options{PageBytes: 512})
-			fp := filter.Params{FingerprintBits: 16, Capacity: 1, PageBytes: 512, MaxKicks: 1, Expansion: 1}
+			db := openDB(t, "", store.Options{PageBytes: 32})
+			fp := filter.Params{FingerprintBits: 16, BucketSize: 2, Capacity: 1, PageBytes: 32, MaxKicks: 1, Expansion: 1}
 			p := openPartition(t, db, "in", 0, Options{Filter: fp, MaxOccurrences: maxOcc}, NewMetrics(reg))
 			defer p.Close()
 			off := int64(0)
