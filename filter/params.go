@@ -474,8 +474,14 @@ func (p Params) subFilterShare(i int) float64 {
 func (p Params) derive(sf *SubFilter, i int) {
 	sf.maxDepth, sf.tagBits = depthBits(sf.FingerprintBits)
 	sf.bucketsPerPage = p.bucketsPerPage(sf.FingerprintBits)
-	limit := p.subFilterShare(i) * float64(sf.bucketsPerPage) * float64(sf.RootPages) * math.Exp2(float64(sf.FingerprintBits-2+sf.maxDepth))
-	if limit >= math.MaxUint64/2 || math.IsInf(limit, 1) {
+	share := p.subFilterShare(i)
+	limit := share * float64(sf.bucketsPerPage) * float64(sf.RootPages) * math.Exp2(float64(sf.FingerprintBits-2+sf.maxDepth))
+	// A width clamped at MaxFingerprintBits cannot keep its share, and the
+	// sub-filters after it are no wider: they would each take no key. Such
+	// a chain grows as one of fixed widths, over the target
+	// (Stats.EstimatedFPR shows by how much).
+	clamped := math.Log2(2*float64(p.BucketSize)*(MaxDepth+2)/share) > MaxFingerprintBits
+	if clamped || limit >= math.MaxUint64/2 || math.IsInf(limit, 1) {
 		sf.maxWeight = math.MaxUint64
 	} else {
 		sf.maxWeight = uint64(limit)

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // TestTightenedFPRUnderTarget grows a chain 512 times past its initial
@@ -137,4 +138,21 @@ func TestNearFull(t *testing.T) {
 		t.Fatalf("near full at %d-bit fingerprints, %d sub-filters", st.NewestFingerprintBits, st.SubFilters)
 	}
 	t.Logf("near full after %d sub-filters, newest %d bits, estimated FPR %.3g", st.SubFilters, st.NewestFingerprintBits, st.EstimatedFPR)
+}
+
+// TestClampedWidthsStillGrow: a target so low that the widths clamp at 32
+// bits (1e-9 with a window of 8 generations, as TestChangedParamsRefused
+// configures a worker) cannot keep the sub-filters' shares; the chain must
+// grow as one of fixed widths, not append a sub-filter for every few keys
+// until its generation is full.
+func TestClampedWidthsStillGrow(t *testing.T) {
+	c, _ := newMem(t, Params{TargetFPR: 1e-9, Capacity: 2000, Window: 1000 * time.Hour})
+	for i := range 20_000 {
+		if _, err := c.InsertAt(key("k", i), 0); err != nil {
+			t.Fatalf("key %d: %v", i, err)
+		}
+	}
+	if st := c.Stats(); st.SubFilters != 1 || st.NewestFingerprintBits != MaxFingerprintBits {
+		t.Fatalf("%d sub-filters of %d bits after 10x the capacity, want one of %d", st.SubFilters, st.NewestFingerprintBits, MaxFingerprintBits)
+	}
 }
