@@ -443,7 +443,8 @@ func (p Params) liveGenerations() int {
 // second, and so on, clamped to 4..32 bits; past 32 bits the chain can no
 // longer keep the target, and Stats.EstimatedFPR shows by how much. A
 // sub-filter whose estimated rate reaches ε_i takes no more keys (the
-// chain appends the next).
+// chain appends the next), unless its width is clamped at 32 bits: the
+// next would be no wider.
 //
 // With a window, G+1 generations are live at once and a lookup checks them
 // all, so each generation gets ε = TargetFPR/(G+1) and the budget above
