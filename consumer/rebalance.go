@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -13,7 +14,7 @@ import (
 
 func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	w.mu.Lock()
-	closing := w.closing
+	closing := w.closing || w.plansStopped
 	w.mu.Unlock()
 	if closing {
 		return
@@ -69,6 +70,11 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 // A replay that starts before the earliest retained offset is partial: it
 // starts there, logs the offsets lost and counts a partial rebuild.
 func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	ctx, end, ok := w.beginPlan(ctx)
+	if !ok {
+		return nil, errPlansStopped
+	}
+	defer end()
 	var (
 		starts kadm.ListedOffsets
 		seen   groupOffsets
@@ -110,6 +116,10 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 	}
 	return offsets, nil
 }
+
+// errPlansStopped is adjustOffsets' error once release has begun: the
+// partitions are being stopped, and none may start a replay.
+var errPlansStopped = errors.New("consumer: stopping: not planning where partitions start")
 
 // plan returns where pw starts in the group client, given the group's
 // committed offset o, and starts its replay when it needs one (see

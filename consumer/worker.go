@@ -70,8 +70,8 @@ type Worker struct {
 	// at a time.
 	consolidating atomic.Bool
 
-	// mu guards connected, parts, closing, fatalErr and cancelPoll, and
-	// the writes of cl and sess (publish). It is held only to read and
+	// mu guards connected, parts, closing, plansStopped, cancelPlans,
+	// fatalErr and cancelPoll, and the writes of cl and sess (publish). It is held only to read and
 	// write these (and, in partitionSnapshot, to read the partitions'
 	// atomics), never across a partition stop, a Kafka request or a send
 	// on a channel.
@@ -81,6 +81,13 @@ type Worker struct {
 	closing    bool // shutdown began: assigned opens no more partitions
 	fatalErr   error
 	cancelPoll context.CancelFunc
+	// plansStopped: release has begun in this session, so adjustOffsets
+	// plans no partition and assigned opens none until the next connect;
+	// cancelPlans cancels the plan running (adjustOffsets), and planning
+	// counts the running ones (at most one: franz-go's group goroutine).
+	plansStopped bool
+	cancelPlans  context.CancelFunc
+	planning     sync.WaitGroup
 
 	fatalOnce sync.Once // fail records the first error and cancels polling once
 
@@ -213,6 +220,7 @@ func (w *Worker) connect() error {
 	connected := make(chan struct{})
 	w.mu.Lock()
 	w.connected = connected
+	w.plansStopped = false // the previous client is closed: its plans have ended
 	w.mu.Unlock()
 	opts := append(w.opts.GroupClientOpts(),
 		kgo.OnPartitionsAssigned(w.assigned),
@@ -259,10 +267,16 @@ func (w *Worker) fail(err error) {
 	})
 }
 
-// release stops every partition, each finishing its write batch.
+// release stops every partition, each finishing its write batch. A plan
+// running on the group client's goroutine (adjustOffsets) is cancelled and
+// waited for first: it owns the partitions it plans, and one that went on
+// after their stop would start a replay on a closed state. franz-go's own
+// revocations wait for it the same way (they cancel its offset fetch and
+// wait); a shutdown or a session restart does not pass through them.
 func (w *Worker) release() {
 	w.joining.Store(nil) // a readiness watcher of this session sets ready no more
 	w.ready.Store(false)
+	w.stopPlans()
 	w.mu.Lock()
 	all := make(map[string][]int32)
 	for tp := range w.parts {
@@ -270,6 +284,37 @@ func (w *Worker) release() {
 	}
 	w.mu.Unlock()
 	w.released = append(w.released, w.stopPartitions(all, false)...)
+}
+
+// stopPlans makes adjustOffsets plan nothing more until the next connect,
+// cancels the plan running, and waits for it to return.
+func (w *Worker) stopPlans() {
+	w.mu.Lock()
+	w.plansStopped = true
+	cancel := w.cancelPlans
+	w.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	w.planning.Wait()
+}
+
+// beginPlan registers a plan (adjustOffsets) under ctx: it returns the
+// plan's context, cancelled by stopPlans, and the func that ends it; ok is
+// false once stopPlans has run in this session.
+func (w *Worker) beginPlan(ctx context.Context) (planCtx context.Context, end func(), ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.plansStopped {
+		return ctx, nil, false
+	}
+	planCtx, cancel := context.WithCancel(ctx)
+	w.cancelPlans = cancel
+	w.planning.Add(1)
+	return planCtx, func() {
+		cancel()
+		w.planning.Done()
+	}, true
 }
 
 func (w *Worker) shutdown() error {
