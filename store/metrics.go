@@ -13,7 +13,7 @@ type metrics struct {
 	commitBytes       prometheus.Counter
 	commits           prometheus.Counter
 	commitErrors      prometheus.Counter
-	cacheHits         prometheus.Counter
+	cacheHits         prometheus.CounterFunc
 	cacheMisses       prometheus.Counter
 	pageReads         prometheus.Counter
 	pagesReclaimed    prometheus.Counter
@@ -45,10 +45,10 @@ func newMetrics(reg prometheus.Registerer, db *DB) *metrics {
 			Name: "kdedup_store_commit_errors_total",
 			Help: "Write batches that were not committed because of an error.",
 		}),
-		cacheHits: f.NewCounter(prometheus.CounterOpts{
+		cacheHits: f.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kdedup_store_page_cache_hits_total",
 			Help: "Page lookups served from memory (a dirty page or the clean page cache).",
-		}),
+		}, db.cacheHits),
 		cacheMisses: f.NewCounter(prometheus.CounterOpts{
 			Name: "kdedup_store_page_cache_misses_total",
 			Help: "Page lookups that had to ask Badger.",

@@ -84,6 +84,9 @@ type PartitionState struct {
 	// ones known and were listed instead; atomic, since Prefetch's
 	// readers count them.
 	pointReads, pointMisses atomic.Uint64
+	// hits counts the page lookups served from memory (Page), written by
+	// the owner alone and read by the metrics (DB.cacheHits).
+	hits atomic.Uint64
 	// prefetchIDs and prefetchSeen are Prefetch's buffers, reused.
 	prefetchIDs  []filter.PageID
 	prefetchSeen map[filter.PageID]struct{}
@@ -257,17 +260,17 @@ func (p *PartitionState) Page(id filter.PageID) ([]byte, error) {
 	// (markDirty clears it), and its bytes stay valid when the shared cache
 	// evicts it: only this PartitionState writes them.
 	if d := p.lastDirty; d != nil && p.lastDirtyID == id {
-		p.db.metrics.cacheHits.Inc()
+		p.hits.Add(1)
 		return d.data, nil
 	}
 	if c := p.last; c != nil && p.lastID == id && !p.closed && !p.db.closed.Load() {
-		p.db.metrics.cacheHits.Inc()
+		p.hits.Add(1)
 		return c.data, nil
 	}
 	ch, i := p.table.slot(id, false)
 	if ch != nil {
 		if d := ch.dirty[i]; d != nil {
-			p.db.metrics.cacheHits.Inc()
+			p.hits.Add(1)
 			p.lastDirty, p.lastDirtyID = d, id
 			return d.data, nil
 		}
@@ -278,7 +281,7 @@ func (p *PartitionState) Page(id filter.PageID) ([]byte, error) {
 	if ch != nil {
 		if c := ch.clean[i].Load(); c != nil {
 			c.touch()
-			p.db.metrics.cacheHits.Inc()
+			p.hits.Add(1)
 			p.last, p.lastID = c, id
 			return c.data, nil
 		}

@@ -16,7 +16,7 @@ import (
 	"github.com/kdedup/kdedup/filter"
 )
 
-func counter(t testing.TB, c prometheus.Counter) float64 {
+func counter(t testing.TB, c prometheus.Metric) float64 {
 	t.Helper()
 	var m dto.Metric
 	if err := c.Write(&m); err != nil {

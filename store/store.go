@@ -298,9 +298,14 @@ type DB struct {
 	// openCount is len(open), read without mu (OverDirtyShare).
 	openCount atomic.Int64
 
-	mu     sync.Mutex
-	open   map[TopicPartition]struct{}
-	closed atomic.Bool
+	mu   sync.Mutex
+	open map[TopicPartition]*PartitionState
+	// closedHits is the page cache hits of the PartitionStates closed
+	// since Open (under mu); the open ones count their own
+	// (PartitionState.hits), so that a lookup adds to a counter of its
+	// partition's, not to one every partition's goroutine writes.
+	closedHits uint64
+	closed     atomic.Bool
 
 	// space holds the free space reserved for restores (ReserveSpace).
 	space struct {
@@ -372,7 +377,7 @@ func open(opts Options, tn tuning) (*DB, error) {
 		where:  opts.Dir,
 		logger: opts.Logger,
 		tuning: tn,
-		open:   make(map[TopicPartition]struct{}),
+		open:   make(map[TopicPartition]*PartitionState),
 		stopGC: make(chan struct{}),
 	}
 	if opts.InMemory {
@@ -607,13 +612,28 @@ func (db *DB) Partition(topic string, partition int32) (*PartitionState, error) 
 	if err := p.load(); err != nil {
 		return nil, err
 	}
-	db.open[tp] = struct{}{}
+	db.open[tp] = p
 	db.openCount.Store(int64(len(db.open)))
 	return p, nil
 }
 
+// cacheHits is kdedup_store_page_cache_hits_total: the hits of every
+// PartitionState, open or closed since Open.
+func (db *DB) cacheHits() float64 {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	n := db.closedHits
+	for _, p := range db.open {
+		n += p.hits.Load()
+	}
+	return float64(n)
+}
+
 func (db *DB) release(tp TopicPartition) {
 	db.mu.Lock()
+	if p := db.open[tp]; p != nil {
+		db.closedHits += p.hits.Load()
+	}
 	delete(db.open, tp)
 	db.openCount.Store(int64(len(db.open)))
 	db.mu.Unlock()

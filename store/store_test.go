@@ -970,3 +970,27 @@ func TestOpenRetriesMemtables(t *testing.T) {
 		})
 	}
 }
+
+// TestCacheHitsCountedPerPartition: each PartitionState counts its own
+// page cache hits (no counter every partition's goroutine writes), and
+// kdedup_store_page_cache_hits_total is their sum, the hits of the
+// partitions closed since Open included.
+func TestCacheHitsCountedPerPartition(t *testing.T) {
+	db := openT(t, Options{InMemory: true, Registerer: prometheus.NewRegistry()})
+	a, b := partitionT(t, db, "orders", 0), partitionT(t, db, "orders", 1)
+	id := filter.PageID{Page: 1}
+	for i, p := range []*PartitionState{a, b} {
+		write(t, p, id, pageBytes(8, id, 1)) // a miss (a zero page), then dirty
+		for range 3 + i {
+			mustPage(t, p, id) // hits
+		}
+	}
+	if got := counter(t, db.metrics.cacheHits); got != 7 {
+		t.Errorf("hits of two open partitions = %v, want 3 + 4", got)
+	}
+	a.Close()
+	mustPage(t, b, id)
+	if got := counter(t, db.metrics.cacheHits); got != 8 {
+		t.Errorf("hits after one partition closed = %v, want 3 (closed) + 5", got)
+	}
+}
