@@ -34,8 +34,21 @@ func TestReleaseWaitsForPlan(t *testing.T) {
 	}
 }
 
-func testReleaseWaitsForPlan(t *testing.T, delivery Delivery) {
-	const records = 20
+// planFixture is a worker of one input partition holding keys (one record
+// each), whose group has committed offset len(keys), with partition 0
+// assigned and not planned: its state is empty, so its plan replays the
+// input into the filter (fp its filter parameters).
+type planFixture struct {
+	c  *kfake.Cluster
+	w  *Worker
+	pw *partitionWorker
+	d  *dedup.Deduplicator
+	// records is the group's committed offset: every record decided.
+	records int64
+}
+
+func newPlanFixture(t *testing.T, delivery Delivery, keys [][]byte, fp filter.Params) planFixture {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "in", "out"))
 	if err != nil {
 		t.Fatal(err)
@@ -46,24 +59,24 @@ func testReleaseWaitsForPlan(t *testing.T, delivery Delivery) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	for i := range records {
-		if err := cl.ProduceSync(context.Background(), &kgo.Record{Key: fmt.Appendf(nil, "k%d", i)}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
+	recs := make([]*kgo.Record, len(keys))
+	for i, k := range keys {
+		recs[i] = &kgo.Record{Key: k, Value: []byte("v")} // a nil value is a tombstone
 	}
-	// The group has decided every record; this worker has no state, so
-	// its plan replays [0, 20) into the filter.
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
 	const group = "g"
-	if _, err := kadm.NewClient(cl).CommitOffsets(context.Background(), group, kadm.OffsetsFromRecords(kgo.Record{Topic: "in", Partition: 0, Offset: records - 1})); err != nil {
+	if _, err := kadm.NewClient(cl).CommitOffsets(context.Background(), group, kadm.OffsetsFromRecords(kgo.Record{Topic: "in", Partition: 0, Offset: int64(len(keys)) - 1})); err != nil {
 		t.Fatal(err)
 	}
 
-	db, err := store.Open(store.Options{Dir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	db, err := store.Open(store.Options{Dir: t.TempDir(), PageBytes: fp.WithDefaults().PageBytes, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	opener, err := dedup.NewOpener(db, dedup.Options{HashSeed: filter.Seed{K0: 1, K1: 2}, Staged: delivery == ExactlyOnce}, nil)
+	opener, err := dedup.NewOpener(db, dedup.Options{HashSeed: filter.Seed{K0: 1, K1: 2}, Filter: fp, Staged: delivery == ExactlyOnce}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +96,23 @@ func testReleaseWaitsForPlan(t *testing.T, delivery Delivery) {
 		w.mode.opened(pw)
 	}
 	t.Cleanup(func() { pw.stopReplay(true) })
+	return planFixture{c: c, w: w, pw: pw, d: d, records: int64(len(keys))}
+}
+
+// offsets is what franz-go hands adjustOffsets for the fixture: the
+// group's committed offset of partition 0.
+func (f planFixture) offsets() map[string]map[int32]kgo.Offset {
+	return map[string]map[int32]kgo.Offset{"in": {0: kgo.NewOffset().At(f.records)}}
+}
+
+func testReleaseWaitsForPlan(t *testing.T, delivery Delivery) {
+	const records = 20
+	keys := make([][]byte, records)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "k%d", i)
+	}
+	f := newPlanFixture(t, delivery, keys, filter.Params{})
+	c, w, pw := f.c, f.w, f.pw
 
 	// The plan's listing of the log start is held until the partition
 	// has been stopped (or, fixed, until the plan is cancelled).
@@ -99,7 +129,7 @@ func testReleaseWaitsForPlan(t *testing.T, delivery Delivery) {
 	})
 	planned := make(chan error, 1)
 	go func() {
-		_, err := w.adjustOffsets(context.Background(), map[string]map[int32]kgo.Offset{"in": {0: kgo.NewOffset().At(records)}})
+		_, err := w.adjustOffsets(context.Background(), f.offsets())
 		planned <- err
 	}()
 	select {
@@ -142,7 +172,7 @@ func testReleaseWaitsForPlan(t *testing.T, delivery Delivery) {
 	}
 
 	// A plan after release plans nothing, until the next connect.
-	if _, err := w.adjustOffsets(context.Background(), map[string]map[int32]kgo.Offset{"in": {0: kgo.NewOffset().At(records)}}); !errors.Is(err, errPlansStopped) {
+	if _, err := w.adjustOffsets(context.Background(), f.offsets()); !errors.Is(err, errPlansStopped) {
 		t.Errorf("a plan after release: %v, want errPlansStopped", err)
 	}
 }

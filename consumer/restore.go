@@ -165,6 +165,12 @@ func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFun
 		err      error
 	)
 	if from < until {
+		if pw.dedup.Presize(until - from) {
+			// A partition without keys (no local state, no snapshot
+			// restored): its filter is sized for the replay, which
+			// bounds its keys, instead of growing to it.
+			pw.w.log.Info("filter sized for the replay", "topic", pw.topic, "partition", pw.partition, "records", until-from, "slots", pw.dedup.Stats().Slots)
+		}
 		if release, ok := pw.takeRestoreSlot(ctx); ok {
 			replayed, stopped, err = pw.replayRange(ctx, from, until, partial, resume != nil)
 			release()

@@ -295,6 +295,19 @@ func (p *Deduplicator) syncStaged() {
 	}
 }
 
+// Presize sizes the filter of a partition that has no keys yet for a
+// replay of records records (filter.Chain.Presize: for about records/2
+// keys, within 16 times the configured capacity; nothing with a window),
+// and reports whether it did. A rebuild calls it before its replay: the
+// replay's length bounds the keys it inserts. It writes nothing; the next
+// write batch stores the new size with the filter's metadata.
+func (p *Deduplicator) Presize(records int64) bool {
+	if records <= 0 {
+		return false
+	}
+	return p.chain.Presize(uint64(records))
+}
+
 // Replay applies record r to the filter exactly as Decide would, for a
 // record whose output another owner already produced: it counts as replayed,
 // not as consumed or forwarded.

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // testSeed is the hash seed of the chains tests build, so that a test's
@@ -615,5 +616,73 @@ func TestDecodeRefusesOverflowingCounts(t *testing.T) {
 	m.SubFilters[0].Lengths[0], m.SubFilters[0].Lengths[1] = 1<<63, 1<<63
 	if _, err := DecodeMeta(m.Marshal()); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("DecodeMeta of counts summing to 2^64: %v, want ErrCorrupt", err)
+	}
+}
+
+// TestPresize: a chain presized for a replay of 2n records (an upper bound
+// on its keys) takes n distinct keys in its first sub-filter without a
+// split, at a load between 0.8 and presizeLoad, where the same keys make
+// an unsized chain split; every key is found, in the chain and in one
+// opened from its metadata. Presize does nothing to a chain that has taken
+// a key, to one with a window, for a size the configured capacity already
+// holds, and never passes presizeDoublings doublings of it.
+func TestPresize(t *testing.T) {
+	p := Params{Capacity: 1 << 14} // 4 KiB pages, as deployed
+	n := 12 << 14                  // 12 x Capacity: under the 16 x bound
+
+	c, pager := newMem(t, p)
+	if !c.Presize(uint64(2 * n)) {
+		t.Fatal("Presize of an empty chain for 12 x its capacity did nothing")
+	}
+	plain, _ := newMem(t, p)
+	for i := range n {
+		for _, ch := range []*Chain{c, plain} {
+			if _, err := ch.Insert(key("k", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s := c.subs[0]
+	if st := c.Stats(); st.SubFilters != 1 || st.Splits != 0 || s.Pages != s.RootPages {
+		t.Fatalf("presized: %d sub-filters, %d splits (%d pages of %d root): want one sub-filter, no split", st.SubFilters, st.Splits, s.Pages, s.RootPages)
+	}
+	if load := float64(s.Items) / float64(s.Slots(4)); load < 0.8 || load > presizeLoad {
+		t.Errorf("presized load %.3f after its keys, want 0.8 to %v", load, presizeLoad)
+	}
+	if st := plain.Stats(); st.Splits == 0 {
+		t.Errorf("the unsized chain took %d keys without a split: the test shows nothing", n)
+	}
+	reopened, err := Open(c.MarshalMeta(), p, pager)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := reopened.SubFilters()[0].RootPages; got != s.RootPages {
+		t.Errorf("reopened with %d root pages, want %d", got, s.RootPages)
+	}
+	for i := range n {
+		for _, ch := range []*Chain{c, reopened} {
+			if ok, err := ch.Contains(key("k", i)); err != nil || !ok {
+				t.Fatalf("key %d: contained %v, error %v", i, ok, err)
+			}
+		}
+	}
+
+	if c.Presize(uint64(100 * n)) {
+		t.Error("Presize changed a chain holding keys")
+	}
+	small, _ := newMem(t, p)
+	if small.Presize(uint64(p.Capacity)) {
+		t.Error("Presize for keys the configured capacity holds changed the chain")
+	}
+	huge, _ := newMem(t, p)
+	if !huge.Presize(1 << 40) {
+		t.Fatal("Presize for 2^40 keys did nothing")
+	}
+	if got, limit := huge.subs[0].RootPages, p.WithDefaults().firstPages()<<presizeDoublings; got != limit {
+		t.Errorf("presized for 2^40 keys to %d root pages, want the bound %d", got, limit)
+	}
+	windowed, _ := newMem(t, Params{Capacity: 1 << 14, Window: time.Hour})
+	if windowed.Presize(uint64(2 * n)) {
+		t.Error("Presize changed a chain with a window")
 	}
 }
