@@ -10,16 +10,28 @@ import (
 	"testing"
 )
 
-// benchChain returns an in-memory chain of 2^20 slots filled to 90% load
-// with keys "k0".."kN" and the number of keys inserted.
+// benchChain returns an in-memory chain of 2^20 slots of capacity holding
+// keys "k0".."kN" and the number of keys inserted: 90% of its capacity, or
+// KDEDUP_BENCH_CHAIN_KEYS keys (the chain grows in place to them: 25M keys
+// is one sub-filter of depth 4 to 5, a partition of a 100M-key worker on
+// 4 partitions).
 func benchChain(b *testing.B) (*Chain, int) {
 	c, _ := newMem(b, Params{Capacity: 1 << 20})
 	n := (1 << 20) * 9 / 10
+	if v := os.Getenv("KDEDUP_BENCH_CHAIN_KEYS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			b.Fatalf("KDEDUP_BENCH_CHAIN_KEYS=%q: want a key count", v)
+		}
+	}
 	for i := range n {
 		if err := c.Add(key("k", i)); err != nil {
 			b.Fatal(err)
 		}
 	}
+	st := c.Stats()
+	b.ReportMetric(float64(st.SubFilters), "sub-filters")
+	b.ReportMetric(float64(st.Bytes)*8/float64(n), "bits/key")
 	return c, n
 }
 
@@ -61,6 +73,7 @@ func BenchmarkChainInsert(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(c.Stats().SubFilters), "sub-filters")
+	b.ReportMetric(float64(c.Stats().Splits), "splits")
 }
 
 // BenchmarkLoadAtFirstSplit reports the load factor of a sub-filter with
