@@ -71,10 +71,10 @@ type Worker struct {
 	consolidating atomic.Bool
 
 	// mu guards connected, parts, closing, plansStopped, cancelPlans,
-	// fatalErr and cancelPoll, and the writes of cl and sess (publish). It is held only to read and
-	// write these (and, in partitionSnapshot, to read the partitions'
-	// atomics), never across a partition stop, a Kafka request or a send
-	// on a channel.
+	// fatalErr and cancelPoll, and the writes of cl and sess (publish). It
+	// is held only to read and write these (and, in partitionSnapshot, to
+	// read the partitions' atomics), never across a partition stop, a
+	// Kafka request or a send on a channel.
 	mu         sync.Mutex
 	connected  chan struct{} // closed once cl and sess are set; a new one each connect
 	parts      map[store.TopicPartition]*partitionWorker

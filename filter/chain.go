@@ -289,9 +289,9 @@ const presizeLoad = 0.85
 const presizeDoublings = 4
 
 // Presize makes the first sub-filter of an empty chain large enough for
-// about keys/2 keys, when that is more root pages than Params.Capacity
+// about records/2 keys, when that is more root pages than Params.Capacity
 // gives: for a rebuild that knows how many records its replay reads (an
-// upper bound on its keys). A replay of keys distinct keys then ends after
+// upper bound on its keys). A replay of records distinct keys then ends after
 // one round of page splits, at the load of a table sized for them (about
 // 0.85: 25 bits a key at the defaults), instead of wherever the doublings
 // from Capacity leave it (between about 24 and 45 bits, filter/doc.go); a
@@ -300,16 +300,17 @@ const presizeDoublings = 4
 // presizeDoublings doublings of those Capacity gives (the pages a chain
 // reaches after that many rounds of splits), so that a replay of mostly
 // repeated keys cannot make a table far larger than its keys need, and at
-// most 2^20. The design
-// note behind it is DESIGN.md, "Growth" ("when the key count is known").
+// most 2^20. The design note behind it is DESIGN.md, "Growth" ("when the
+// key count is known").
 //
 // It changes nothing and returns false on a chain with a window (its
 // generations size their own sub-filters), one that has taken a key or
-// split a page, or when keys/2 fits in the configured first sub-filter.
+// split a page, or when records/2 keys fit in the configured first
+// sub-filter.
 // It touches no page: the chain's metadata alone describes the new size,
 // and its pages read as empty. Not safe for concurrent use with the
 // chain's other methods.
-func (c *Chain) Presize(keys uint64) bool {
+func (c *Chain) Presize(records uint64) bool {
 	if c.span != 0 || len(c.subs) != 1 {
 		return false
 	}
@@ -318,7 +319,7 @@ func (c *Chain) Presize(keys uint64) bool {
 		return false
 	}
 	perPage := float64(s.bucketsPerPage) * float64(c.p.BucketSize) * presizeLoad
-	pages := uint64(min(math.Ceil(float64(keys/2)/perPage), float64(c.p.firstPages()<<presizeDoublings), 1<<maxPageBits))
+	pages := uint64(min(math.Ceil(float64(records/2)/perPage), float64(c.p.firstPages()<<presizeDoublings), 1<<maxPageBits))
 	if pages <= s.RootPages {
 		return false
 	}
