@@ -173,7 +173,9 @@ func fillUntilSplit(t testing.TB, c *Chain) float64 {
 
 // TestLoadAtFirstSplit measures the load factor of a sub-filter when the
 // first of its pages splits, at b=4 with default 4 KiB pages: the alternate
-// bucket from an entry's tag and the page must still let a page reach 88%.
+// bucket from an entry's tag and the page, with the splitKicks-kick walk
+// before a split, must still let a sub-filter reach 85% before its first
+// page splits (0.88-0.89 with a 500-kick walk).
 // With 16-bit slots a page holds 512 buckets and the sub-filter is exactly
 // 2^20 slots; the default target false-positive rate gives 21-bit slots,
 // bit-packed, 390 buckets a page.
@@ -194,8 +196,8 @@ func TestLoadAtFirstSplit(t *testing.T) {
 			}
 			load := fillUntilSplit(t, c)
 			t.Logf("load at first split: %.4f (%d slots, b=4, f=%d, 4 KiB pages)", load, slots, c.subs[0].FingerprintBits)
-			if load < 0.88 {
-				t.Errorf("load at first split %.4f < 0.88", load)
+			if load < 0.85 {
+				t.Errorf("load at first split %.4f < 0.85", load)
 			}
 		})
 	}
@@ -203,7 +205,7 @@ func TestLoadAtFirstSplit(t *testing.T) {
 
 // TestGrowsInPlace grows a chain to 64 times its capacity: it stays one
 // sub-filter, every page splits only when full (the load never falls
-// below 0.43 once pages split: a page splits at 0.86 or more), every key
+// below 0.43 once pages split: a page splits at 0.85 or more), every key
 // stays contained, and the estimated false-positive rate stays under the
 // target.
 func TestGrowsInPlace(t *testing.T) {
@@ -621,7 +623,7 @@ func TestDecodeRefusesOverflowingCounts(t *testing.T) {
 
 // TestPresize: a chain presized for a replay of 2n records (an upper bound
 // on its keys) takes n distinct keys in its first sub-filter without a
-// split, at a load between 0.8 and presizeLoad, where the same keys make
+// split, at a load within 0.05 below presizeLoad, where the same keys make
 // an unsized chain split; every key is found, in the chain and in one
 // opened from its metadata. Presize does nothing to a chain that has taken
 // a key, to one with a window, for a size the configured capacity already
@@ -646,8 +648,8 @@ func TestPresize(t *testing.T) {
 	if st := c.Stats(); st.SubFilters != 1 || st.Splits != 0 || s.Pages != s.RootPages {
 		t.Fatalf("presized: %d sub-filters, %d splits (%d pages of %d root): want one sub-filter, no split", st.SubFilters, st.Splits, s.Pages, s.RootPages)
 	}
-	if load := float64(s.Items) / float64(s.Slots(4)); load < 0.8 || load > presizeLoad {
-		t.Errorf("presized load %.3f after its keys, want 0.8 to %v", load, presizeLoad)
+	if load := float64(s.Items) / float64(s.Slots(4)); load < presizeLoad-0.05 || load > presizeLoad {
+		t.Errorf("presized load %.3f after its keys, want %v to %v", load, presizeLoad-0.05, presizeLoad)
 	}
 	if st := plain.Stats(); st.Splits == 0 {
 		t.Errorf("the unsized chain took %d keys without a split: the test shows nothing", n)
@@ -684,5 +686,52 @@ func TestPresize(t *testing.T) {
 	windowed, _ := newMem(t, Params{Capacity: 1 << 14, Window: time.Hour})
 	if windowed.Presize(uint64(2 * n)) {
 		t.Error("Presize changed a chain with a window")
+	}
+}
+
+// wholePager is a Pager that counts the pages marked changed as a whole
+// (MarkDirty) and the slot ranges marked (MarkChanged).
+type wholePager struct {
+	Pager
+	whole, ranges int
+}
+
+func (p *wholePager) MarkDirty(id PageID, pg []byte) { p.whole++; p.Pager.MarkDirty(id, pg) }
+
+func (p *wholePager) MarkChanged(id PageID, pg []byte, off, n int) {
+	p.ranges++
+	p.Pager.MarkChanged(id, pg, off, n)
+}
+
+// TestGrowingWritesWholePagesOnlyBySplits grows a chain from empty to 32
+// times its capacity with the default MaxKicks (500) and 4 KiB pages:
+// every page marked changed as a whole is one of the two pages of a split,
+// so a store writes a page whole only when it splits. The eviction walk
+// before a split stops after splitKicks kicks and marks the slots it
+// moved; a walk run to MaxKicks near a page's fill, or one that marks its
+// page whole from 16 kicks, writes pages whole between splits (at 10M keys
+// flat out 114 B to Badger a record against 44 B).
+func TestGrowingWritesWholePagesOnlyBySplits(t *testing.T) {
+	p := Params{Capacity: 1 << 14}
+	pager := &wholePager{Pager: NewMemPager(0)}
+	c, err := NewWithSeed(p, testSeed, pager)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 32 << 14
+	for i := range n {
+		if _, err := c.Insert(key("k", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := c.Stats()
+	if st.SubFilters != 1 || st.Splits == 0 {
+		t.Fatalf("%d sub-filters, %d splits after 32x growth: want one that split", st.SubFilters, st.Splits)
+	}
+	if want := 2 * int(st.Splits); pager.whole != want {
+		t.Errorf("%d pages marked changed whole for %d splits, want %d (2 a split): an eviction walk marked its page whole", pager.whole, st.Splits, want)
+	}
+	if pager.ranges < n {
+		t.Errorf("%d slot ranges marked for %d new keys: want at least one a key", pager.ranges, n)
 	}
 }

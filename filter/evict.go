@@ -20,7 +20,7 @@ func (c *Chain) place(h uint64, s int) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return c.placeIn(&pos, pg), nil
+	return c.placeIn(&pos, pg, c.p.MaxKicks), nil
 }
 
 // placeEmpty stores pos's entry in an empty slot of either bucket of pos
@@ -45,8 +45,9 @@ func (c *Chain) store(pos *position, pg []byte, off int) {
 	pos.sub.count(pos.depth, 1)
 }
 
-// placeIn is place on the page pg of pos, already read.
-func (c *Chain) placeIn(pos *position, pg []byte) bool {
+// placeIn is place on the page pg of pos, already read, with an eviction
+// walk of at most kicks steps.
+func (c *Chain) placeIn(pos *position, pg []byte, kicks int) bool {
 	if c.placeEmpty(pos, pg) {
 		return true
 	}
@@ -65,7 +66,7 @@ func (c *Chain) placeIn(pos *position, pg []byte) bool {
 	}
 	v := pos.entry()
 	c.kicks = c.kicks[:0]
-	for range c.p.MaxKicks {
+	for range kicks {
 		off := cur + int(rng.next()%uint64(c.p.BucketSize))*f
 		victim := get(pg, off, f)
 		set(pg, off, f, v)
@@ -74,7 +75,7 @@ func (c *Chain) placeIn(pos *position, pg []byte) bool {
 		cur = int(altLocal(uint64(cur/bb), v&tagMask, n)) * bb
 		if off := c.findEmpty(pg, cur, f); off >= 0 {
 			set(pg, off, f, v)
-			if len(c.kicks) >= maxMarkedKicks {
+			if len(c.kicks) > maxMarkedKicks {
 				// Slots all over the page changed: the page as a whole.
 				c.pager.MarkDirty(pos.id, pg)
 			} else {
@@ -93,11 +94,13 @@ func (c *Chain) placeIn(pos *position, pg []byte) bool {
 	return false
 }
 
-// maxMarkedKicks is the length of an eviction walk from which the chain
-// reports its page changed as a whole instead of slot by slot: such a walk
-// moved fingerprints all over the page, and a store writing changed bytes
-// would write most of the page's bytes with a header each.
-const maxMarkedKicks = 16
+// maxMarkedKicks is the longest eviction walk whose changed slots the
+// chain reports one by one; after a longer one it reports its page changed
+// as a whole: such a walk moved fingerprints all over the page, and a
+// store writing changed bytes would write most of the page's bytes with a
+// header each (the store also writes a page whole once its changed ranges
+// pass a share of it). At least splitKicks.
+const maxMarkedKicks = 64
 
 // markSlot tells the pager that the f-bit slot at bit offset off of page id
 // changed: the bytes it shares with its neighbours included, since a store
