@@ -76,7 +76,7 @@ type Config struct {
 	FingerprintBits int     `env:"FINGERPRINT_BITS" envDefault:"0" doc:"Fixed fingerprint (slot) width for every sub-filter, 4 to 32 bits, overriding TARGET_FPR (the rate then grows with each sub-filter appended; below 17 bits a sub-filter doubles in place only bits-9 times, never below 10 bits); 0 derives widths from TARGET_FPR"`
 	BucketSize      int     `env:"BUCKET_SIZE" envDefault:"4" doc:"Fingerprint slots per bucket: 2, 4 or 8"`
 	Capacity        uint64  `env:"CAPACITY" envDefault:"1000000" doc:"Keys the first sub-filter of each topic-partition holds before its pages split (it grows in place to 256 times that before another is appended), from 1 to what 2^20 pages of PAGE_BYTES hold (2^32 at most with larger pages)"`
-	MaxKicks        int     `env:"MAX_KICKS" envDefault:"500" doc:"Evictions an insert tries before its page splits (or, once the sub-filter has doubled 8 times, a new sub-filter is appended to the chain), 1 to 100000"`
+	MaxKicks        int     `env:"MAX_KICKS" envDefault:"500" doc:"Evictions an insert tries in a page that cannot split (once its sub-filter has doubled 8 times) before a new sub-filter is appended to the chain, 1 to 100000; a page that can split does after at most 64 (or this many when lower)"`
 	Expansion       int     `env:"EXPANSION" envDefault:"2" doc:"Root pages of a newly appended sub-filter as a multiple of the newest one's, once that one has doubled in place 8 times (or spent its share of TARGET_FPR), 1 to 64"`
 
 	// Storage.

@@ -224,21 +224,6 @@ func (pw *partitionWorker) drain() {
 	}
 }
 
-// produce produces out, decided from input record in, at least once.
-func (pw *partitionWorker) produce(in, out *kgo.Record) {
-	pw.inflight.Add(1)
-	// Not the worker's context: records already decided must be delivered
-	// (or fail) before the write batch that covers them, even at shutdown.
-	pw.cl.Produce(context.Background(), out, func(_ *kgo.Record, err error) {
-		pw.w.countDeadLetter(out, err)
-		if err != nil {
-			pw.w.m.produceErrors.Inc()
-			pw.produceFailed(in, out, err)
-		}
-		pw.inflight.Done()
-	})
-}
-
 // rejected is a record the broker refused after it was produced.
 type rejected struct {
 	in, out *kgo.Record

@@ -218,29 +218,11 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 		return fmt.Errorf("beginning a transaction: %w", err)
 	}
 	var (
-		mu      sync.Mutex
-		prodErr error // the first produce error
-		nFailed int   // records that failed
 		touched []*partitionWorker
 		failed  error
 	)
-	produce := w.boundBatches(func(in, out *kgo.Record) {
-		// Not ctx: a stop must not fail the records of the transaction it
-		// lets end (End's deadline bounds them).
-		w.sess.Produce(context.Background(), out, func(_ *kgo.Record, err error) {
-			w.countDeadLetter(out, err)
-			if err != nil {
-				w.m.produceErrors.Inc()
-				w.txnProduceFailed(in, out, err)
-				mu.Lock()
-				if prodErr == nil {
-					prodErr = w.produceError(in, out, err)
-				}
-				nFailed++
-				mu.Unlock()
-			}
-		})
-	})
+	txn := &txnProduce{w: w, prod: w.sess}
+	produce := w.boundBatches(txn.produce)
 	records := 0
 	inTxn := map[*partitionWorker]bool{}
 	decide := func(fetches kgo.Fetches) {
@@ -303,13 +285,14 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 		return fmt.Errorf("flushing the transaction's records: %w", err)
 	}
 	try := kgo.TryCommit
-	mu.Lock()
+	txn.mu.Lock()
+	prodErr := txn.err
 	if prodErr != nil {
-		w.log.Warn("producing in a transaction failed; aborting it, the input will be decided again", "err", prodErr, "failed_records", nFailed)
+		w.log.Warn("producing in a transaction failed; aborting it, the input will be decided again", "err", prodErr, "failed_records", txn.nFailed)
 		try = kgo.TryAbort
 	}
 	txnProdErr := prodErr
-	mu.Unlock()
+	txn.mu.Unlock()
 	if failed != nil {
 		try = kgo.TryAbort
 	}

@@ -24,6 +24,7 @@ type partitionWorker struct {
 	// Set by newPartition, read-only after.
 	w         *Worker
 	cl        *kgo.Client // the group client it was assigned by
+	prod      producer    // cl, producing at least once (produce)
 	topic     string
 	partition int32
 
@@ -105,7 +106,7 @@ type partitionWorker struct {
 
 func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Deduplicator) *partitionWorker {
 	pw := &partitionWorker{
-		w: w, cl: cl, topic: topic, partition: p, dedup: d,
+		w: w, cl: cl, prod: cl, topic: topic, partition: p, dedup: d,
 		in:        make(chan []*kgo.Record, 4),
 		quit:      make(chan struct{}),
 		abort:     make(chan struct{}),
@@ -278,9 +279,12 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 }
 
 // output is the record forwarded for r: key, value, headers and timestamp
-// kept; the default partitioner places it by key.
+// kept; the default partitioner places it by key. It comes from outputs,
+// and goes back there once produced (delivery.delivered).
 func (pw *partitionWorker) output(r *kgo.Record) *kgo.Record {
-	return &kgo.Record{Topic: pw.w.opts.OutputTopic, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
+	out := outputs.Get().(*kgo.Record)
+	out.Topic, out.Key, out.Value, out.Headers, out.Timestamp = pw.w.opts.OutputTopic, r.Key, r.Value, r.Headers, r.Timestamp
+	return out
 }
 
 // Headers of the records produced to Options.DuplicatesTopic, after the

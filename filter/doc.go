@@ -55,10 +55,12 @@
 // Contains, Insert, Count and Delete reads one page of a sub-filter
 // however far it grew: one page up to 256 times Capacity, and an insert
 // dirties one page, two when it splits one, and at most
-// MaxPagesChangedByInsert. Splits happen when a page
-// is about 0.89 full (TestLoadAtFirstSplit), so a sub-filter's load runs
-// from about 0.45 after a doubling to 0.89 before the next: between 24 and
-// 40 bits of pages a key at the defaults.
+// MaxPagesChangedByInsert. A page splits when an insert's eviction walk
+// in it fails after 64 kicks (splitKicks; Params.MaxKicks bounds the walk
+// only in a page that cannot split), at about 0.85-0.87 of the
+// sub-filter's load (TestLoadAtFirstSplit), so a sub-filter's load runs
+// from about 0.5 after a doubling to 0.87 before the next: between 24 and
+// 42 bits of pages a key at the defaults.
 //
 // Entries are counted by fingerprint length: one inserted in a page at
 // depth i holds W-1+i bits of its key's hash (its slot's and the i the

@@ -110,8 +110,11 @@ type Params struct {
 	// Capacity is the number of keys the first sub-filter is sized for
 	// (default 1,000,000); its page count is rounded up to whole pages.
 	Capacity uint64
-	// MaxKicks is the length limit of an eviction walk before the chain
-	// grows (default 500, as RedisBloom's MAXITERATIONS).
+	// MaxKicks is the length limit of an eviction walk in a page that
+	// cannot split (at its sub-filter's deepest, or in an older
+	// sub-filter) before the key goes to another sub-filter (default 500,
+	// as RedisBloom's MAXITERATIONS). A page that can split does after
+	// at most min(MaxKicks, 64) kicks.
 	MaxKicks int
 	// Expansion is how many times more root pages each new sub-filter
 	// starts with than the newest one, once that one has doubled in

@@ -1,0 +1,113 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// ackProducer acknowledges every record at once, as franz-go's promise
+// would once the broker replied, failing those whose value is in fail, and
+// keeps what each produced record held when it was produced.
+type ackProducer struct {
+	fail map[string]error
+	keep bool
+	seen []string // with keep, "topic key value" of each record produced
+}
+
+func (p *ackProducer) Produce(_ context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	if p.keep {
+		p.seen = append(p.seen, fmt.Sprintf("%s %s %s", r.Topic, r.Key, r.Value))
+	}
+	promise(r, p.fail[string(r.Value)])
+}
+
+// TestForwardAllocatesNothing: forwarding a record (output, then produce,
+// at least once and in a transaction, until its promise reports it
+// produced) allocates nothing once the pools are warm: the record and the
+// promise come back to their pools when the record is produced.
+func TestForwardAllocatesNothing(t *testing.T) {
+	r := newPartitionRig(t, AtLeastOnce, Options{OutputTopic: "out"})
+	pw := r.pw
+	ack := &ackProducer{}
+	pw.prod = ack
+	in := &kgo.Record{Topic: "in", Key: []byte("k"), Value: []byte("v")}
+	txn := &txnProduce{w: r.w, prod: ack}
+	for _, tc := range []struct {
+		name    string
+		produce func(in, out *kgo.Record)
+	}{
+		{"at least once", pw.produce},
+		{"in a transaction", txn.produce},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			forward := func() { tc.produce(in, pw.output(in)) }
+			forward() // the pools' first objects
+			if n := testing.AllocsPerRun(1000, forward); n != 0 {
+				t.Errorf("%.2f allocations a forwarded record, want 0", n)
+			}
+		})
+	}
+	pw.inflight.Wait() // every at-least-once record acknowledged
+}
+
+// TestForwardedRecordsReusedOnlyOnceProduced forwards records through
+// pooled records and promises, at least once and in a transaction, with
+// the broker refusing some: each record produced carried its own input's
+// key and value (a record reused while still produced would carry
+// another's), and a refused record is kept whole by the failure's
+// bookkeeping (the at-least-once retry list, the transaction's rejections)
+// while later records are forwarded.
+func TestForwardedRecordsReusedOnlyOnceProduced(t *testing.T) {
+	refused := kerr.MessageTooLarge
+	for _, mode := range []Delivery{AtLeastOnce, ExactlyOnce} {
+		t.Run(mode.String(), func(t *testing.T) {
+			r := newPartitionRig(t, mode, Options{OutputTopic: "out"})
+			pw := r.pw
+			ack := &ackProducer{fail: map[string]error{}, keep: true}
+			pw.prod = ack
+			txn := &txnProduce{w: r.w, prod: ack}
+			produce := pw.produce
+			if mode == ExactlyOnce {
+				produce = txn.produce
+			}
+			var want, wantRefused []string
+			for i := range 2000 {
+				in := &kgo.Record{Topic: "in", Offset: int64(i), Key: fmt.Appendf(nil, "k%d", i), Value: fmt.Appendf(nil, "v%d", i)}
+				if i%97 == 5 {
+					ack.fail[string(in.Value)] = refused
+					wantRefused = append(wantRefused, fmt.Sprintf("out k%d v%d", i, i))
+				}
+				want = append(want, fmt.Sprintf("out k%d v%d", i, i))
+				produce(in, pw.output(in))
+			}
+			if fmt.Sprint(ack.seen) != fmt.Sprint(want) {
+				t.Fatalf("records produced differ from their inputs:\n got %v\nwant %v", ack.seen, want)
+			}
+			var kept []rejected
+			if mode == ExactlyOnce {
+				kept = r.w.rejections.refused
+			} else {
+				pw.inflight.Wait()
+				kept = pw.rejected
+			}
+			var got []string
+			for _, x := range kept {
+				if !errors.Is(x.err, refused) || x.out == nil || string(x.in.Value) != string(x.out.Value) {
+					t.Fatalf("refused record kept as %+v", x)
+				}
+				got = append(got, fmt.Sprintf("%s %s %s", x.out.Topic, x.out.Key, x.out.Value))
+			}
+			if fmt.Sprint(got) != fmt.Sprint(wantRefused) {
+				t.Errorf("refused records kept:\n got %v\nwant %v", got, wantRefused)
+			}
+			if mode == ExactlyOnce && (txn.nFailed != len(wantRefused) || !errors.Is(txn.err, refused)) {
+				t.Errorf("transaction saw %d failed records, first error %v; want %d, %v", txn.nFailed, txn.err, len(wantRefused), refused)
+			}
+		})
+	}
+}
