@@ -653,7 +653,6 @@ func (c *Chain) insertHash(h uint64, gen int64) (bool, error) {
 // MaxPagesChangedByInsert pages.
 const maxSplitsPerInsert = 1
 
-
 // splitKicks bounds the eviction walk of an insert into a page that can
 // split: after it fails, the page splits (placeSplitting). Params.MaxKicks
 // bounds the walk only where no split can follow (a page at the
