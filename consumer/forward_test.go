@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -24,6 +25,87 @@ func (p *ackProducer) Produce(_ context.Context, r *kgo.Record, promise func(*kg
 		p.seen = append(p.seen, fmt.Sprintf("%s %s %s", r.Topic, r.Key, r.Value))
 	}
 	promise(r, p.fail[string(r.Value)])
+}
+
+// laterProducer holds every record produced, with what it held when it was
+// produced, until ack acknowledges them all, newest first, from another
+// goroutine, as franz-go's promise goroutine would once the broker
+// replied: a record released to its pool before its promise, and reused by
+// a later output, no longer holds what it was produced with.
+type laterProducer struct {
+	held []heldRecord
+}
+
+type heldRecord struct {
+	r       *kgo.Record
+	was     string // "topic key value" when produced
+	promise func(*kgo.Record, error)
+}
+
+func recordString(r *kgo.Record) string { return fmt.Sprintf("%s %s %s", r.Topic, r.Key, r.Value) }
+
+func (p *laterProducer) Produce(_ context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	p.held = append(p.held, heldRecord{r, recordString(r), promise})
+}
+
+// ack acknowledges every held record and returns those that changed
+// between their produce and their promise.
+func (p *laterProducer) ack() []string {
+	var changed []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := len(p.held) - 1; i >= 0; i-- {
+			h := p.held[i]
+			if now := recordString(h.r); now != h.was {
+				changed = append(changed, fmt.Sprintf("produced as %q, acknowledged as %q", h.was, now))
+			}
+			h.promise(h.r, nil)
+		}
+	}()
+	<-done
+	p.held = p.held[:0]
+	return changed
+}
+
+// TestForwardedRecordHeldUntilItsPromise forwards records whose promises
+// run later, out of order, on another goroutine, between further
+// forwards, at least once and in a transaction: every record still holds
+// its own key and value when its promise runs, and a delivery taken from
+// the pool afterwards reports to no partition and no transaction.
+func TestForwardedRecordHeldUntilItsPromise(t *testing.T) {
+	r := newPartitionRig(t, AtLeastOnce, Options{OutputTopic: "out"})
+	pw := r.pw
+	later := &laterProducer{}
+	pw.prod = later
+	txn := &txnProduce{w: r.w, prod: later}
+	for round := range 20 {
+		produce := pw.produce
+		if round%2 == 1 {
+			produce = txn.produce
+		}
+		for i := range 50 {
+			in := &kgo.Record{Topic: "in", Key: fmt.Appendf(nil, "k%d-%d", round, i), Value: fmt.Appendf(nil, "v%d-%d", round, i)}
+			produce(in, pw.output(in))
+		}
+		if changed := later.ack(); len(changed) > 0 {
+			t.Fatalf("round %d: %d records changed before their promise, e.g. %s", round, len(changed), changed[0])
+		}
+	}
+	settled := make(chan struct{})
+	go func() { pw.inflight.Wait(); close(settled) }()
+	select {
+	case <-settled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("at-least-once records acknowledged but the partition still waits for them: their promises reported elsewhere")
+	}
+	if txn.nFailed != 0 || txn.err != nil {
+		t.Errorf("transaction saw %d failed records (%v), want none", txn.nFailed, txn.err)
+	}
+	d := newDelivery(nil, nil)
+	if d.pw != nil || d.txn != nil {
+		t.Errorf("a delivery from the pool reports to partition %p, transaction %p: want neither", d.pw, d.txn)
+	}
 }
 
 // TestForwardAllocatesNothing: forwarding a record (output, then produce,
