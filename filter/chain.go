@@ -659,11 +659,12 @@ const maxSplitsPerInsert = 1
 // sub-filter's deepest, an older sub-filter), before the key goes to
 // another sub-filter. A walk that fails runs to its bound and is rolled
 // back, and the walks that succeed near a page's fill run long: at 500
-// kicks, growing a partition to 10M keys flat out spent 3.2 µs of CPU and
+// kicks, growing a partition to 10M keys flat out spent 3.0 µs of CPU and
 // wrote 114 B to Badger a record, against 2.6 µs and 44 B at 64
 // (BENCHMARKS.md, "The walk before a split"). The price is load: the first
-// page splits at about 0.83 of the sub-filter's load instead of 0.88, and
-// the mean bits of pages a key over 2M-25M keys go from 31.6 to 32.4.
+// page splits at about 0.83-0.86 of the sub-filter's load instead of
+// 0.88-0.89, and the mean bits of pages a key over 2M-200M keys go from
+// 31.4 to 32.3.
 // At most maxMarkedKicks, so that a walk before a split changes slots,
 // never a page whole.
 const splitKicks = 64
