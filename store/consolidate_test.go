@@ -8,12 +8,12 @@ import (
 	"github.com/kdedup/kdedup/filter"
 )
 
-// TestConsolidateStep writes one delta to each of 40 pages, then
-// consolidates them in steps of at most a few pages: each step commits one
-// write batch of whole pages within its byte budget, reports more until
-// the last, keeps metadata, checkpoint and page bytes as committed, and
-// leaves no delta behind; a step with nothing to do writes nothing, and a
-// new delta makes the next step work again.
+// TestConsolidateStep logs one change to each of 40 pages, then writes
+// them back in steps of at most a few pages: each step commits one write
+// batch of whole pages within its byte budget, reports more until the
+// last, keeps metadata, checkpoint and page bytes as committed, and leaves
+// no pending page and no log entry behind; a step with nothing to do
+// writes nothing, and a new change makes the next step work again.
 func TestConsolidateStep(t *testing.T) {
 	const pb, pages = 256, 40
 	db := openT(t, Options{InMemory: true, PageBytes: pb, FlushBytes: smallFlush})
@@ -45,17 +45,17 @@ func TestConsolidateStep(t *testing.T) {
 		t.Fatal(err)
 	}
 	if more, err := p.ConsolidateStep(1); err != nil || more {
-		t.Fatalf("ConsolidateStep without deltas = %t, %v; want false, nil", more, err)
+		t.Fatalf("ConsolidateStep without pending pages = %t, %v; want false, nil", more, err)
 	}
 	for i, id := range ids {
-		write(id, 1+i%pb, byte(i+2), false) // one delta each
+		write(id, 1+i%pb, byte(i+2), false) // one logged change each
 	}
 	cp2 := Checkpoint{Offset: 200, LeaderEpoch: 5}
 	if err := p.Commit([]byte("meta-2"), cp2); err != nil {
 		t.Fatal(err)
 	}
-	if _, deltas := storedEntries(t, p); len(deltas) != pages {
-		t.Fatalf("%d pages have deltas, want %d", len(deltas), pages)
+	if n := p.PendingPages(); n != pages {
+		t.Fatalf("%d pages pending, want %d", n, pages)
 	}
 
 	// Dirty state is refused, untouched.
@@ -76,12 +76,12 @@ func TestConsolidateStep(t *testing.T) {
 			t.Fatal(err)
 		}
 		steps++
-		_, deltas := storedEntries(t, p)
-		if want := max(0, pages-perStep*steps); len(deltas) != want {
-			t.Fatalf("after step %d: %d pages keep deltas, want %d", steps, len(deltas), want)
+		left := p.PendingPages()
+		if want := max(0, pages-perStep*steps); left != want {
+			t.Fatalf("after step %d: %d pages pending, want %d", steps, left, want)
 		}
-		if more != (len(deltas) > 0) {
-			t.Fatalf("step %d reports more=%t with %d pages left", steps, more, len(deltas))
+		if more != (left > 0) {
+			t.Fatalf("step %d reports more=%t with %d pages left", steps, more, left)
 		}
 	}
 	if want := (pages + perStep - 1) / perStep; steps != want {
@@ -106,16 +106,16 @@ func TestConsolidateStep(t *testing.T) {
 		t.Fatalf("an idle step wrote %d write batches", got)
 	}
 
-	// A new delta is consolidated by the next step.
+	// A new change is written back by the next step.
 	write(ids[7], 9, 42, false)
 	if err := p.Commit([]byte("meta-3"), Checkpoint{Offset: 300}); err != nil {
 		t.Fatal(err)
 	}
 	if more, err := p.ConsolidateStep(budget); err != nil || more {
-		t.Fatalf("ConsolidateStep after a new delta = %t, %v", more, err)
+		t.Fatalf("ConsolidateStep after a new change = %t, %v", more, err)
 	}
-	if bases, deltas := storedEntries(t, p); len(deltas) != 0 || len(bases) != pages {
-		t.Fatalf("%d bases and %d pages with deltas, want %d and 0", len(bases), len(deltas), pages)
+	if floors, logs := storedState(t, p); len(logs) != 0 || len(floors) != pages || p.PendingPages() != 0 {
+		t.Fatalf("%d bases, %d log entries and %d pages pending, want %d, 0 and 0", len(floors), len(logs), p.PendingPages(), pages)
 	}
 
 	// Read back from Badger: the pages are the model's.

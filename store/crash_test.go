@@ -25,7 +25,7 @@ import (
 // The crash workload: one partition whose write batch k changes a set of
 // pages chosen by k alone, each page either rewritten whole stamped with k
 // or changed in a few 8-byte words stamped with k (crashApply; the store
-// writes those as deltas and consolidates pages as their deltas grow), with
+// logs those and writes pages back whole as the log grows), with
 // metadata naming k and checkpoint offset k. Its pages lie in the
 // crashSubFilters sub-filters from crashFirstSub(k), a window that moves by
 // one every crashBatchesPerSub batches; the batch that moves it drops the
@@ -44,8 +44,12 @@ const (
 	crashPartition      = 3
 )
 
+// crashOptions bound the logged changes held to a few write batches'
+// worth, so that write batches write back the oldest pending pages and
+// trim the log (the write-back by its memory bound, not its interval,
+// which a test does not wait for): a crash falls in every step of it.
 func crashOptions(dir string) Options {
-	return Options{Dir: dir, PageBytes: crashPageBytes, CacheBytes: 64 * crashPageBytes, Logger: quiet}
+	return Options{Dir: dir, PageBytes: crashPageBytes, CacheBytes: 64 * crashPageBytes, WriteBackBytes: 8 << 10, Logger: quiet}
 }
 
 func crashBatch(k int64) []filter.PageID {

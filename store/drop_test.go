@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"testing"
 
 	"github.com/dgraph-io/badger/v4"
@@ -113,7 +114,9 @@ func TestDropResumesOnOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What a crash right after the dropping write batch leaves behind.
-	if err := db.bdb.Update(func(txn *badger.Txn) error { return txn.Set(droppedKey(p.prefix, 0), nil) }); err != nil {
+	if err := db.bdb.Update(func(txn *badger.Txn) error {
+		return txn.Set(droppedKey(p.prefix, 0), binary.BigEndian.AppendUint64(nil, 2))
+	}); err != nil {
 		t.Fatal(err)
 	}
 	p.Close()

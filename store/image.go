@@ -1,9 +1,11 @@
 package store
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/dgraph-io/badger/v4"
 
@@ -80,30 +82,101 @@ func (db *DB) Export(tp TopicPartition, header func(Image) error, page func(id f
 		if err := header(Image{Meta: meta, Checkpoint: cp, PageBytes: db.opts.PageBytes, Origin: origin}); err != nil {
 			return err
 		}
+		// The log, by page: the records of live sub-filters, in the order
+		// they apply.
+		type logged struct {
+			seq uint64
+			rec []byte
+		}
+		logs := make(map[filter.PageID][]logged)
+		lp := logPrefix(p.prefix)
+		lit := txn.NewIterator(badger.IteratorOptions{Prefix: lp})
+		for lit.Rewind(); lit.Valid(); lit.Next() {
+			item := lit.Item()
+			k := item.Key()
+			if len(k) != len(lp)+seqBytes {
+				lit.Close()
+				return fmt.Errorf("log key %x is %d bytes: %w", k, len(k), ErrCorrupt)
+			}
+			seq := binary.BigEndian.Uint64(k[len(lp):])
+			v, err := item.ValueCopy(nil)
+			if err == nil {
+				_, err = decodeLog(v, func(id filter.PageID, rec []byte) error {
+					if !dropped[id.SubFilter] {
+						logs[id] = append(logs[id], logged{seq: seq, rec: rec})
+					}
+					return nil
+				})
+			}
+			if err != nil {
+				lit.Close()
+				if errors.Is(err, errBadEntry) {
+					err = fmt.Errorf("log entry %d: %w: %w", seq, err, ErrCorrupt)
+				}
+				return err
+			}
+		}
+		lit.Close()
+		logIDs := make([]filter.PageID, 0, len(logs))
+		for id := range logs {
+			logIDs = append(logIDs, id)
+		}
+		slices.SortFunc(logIDs, comparePageIDs)
+		data := make([]byte, db.opts.PageBytes)
+		// emit hands page id over, data holding its base of floor (zeros
+		// and 0 without one), with the logged changes after floor applied.
+		emit := func(id filter.PageID, floor uint64) error {
+			for _, l := range logs[id] {
+				if l.seq > floor {
+					if err := applyPatch(data, l.rec); err != nil {
+						return fmt.Errorf("%s: log entry %d: %w: %w", fmtPageID(id), l.seq, err, ErrCorrupt)
+					}
+				}
+			}
+			return page(id, data)
+		}
 		pages := append(append([]byte{}, p.prefix...), tagPage)
 		it = txn.NewIterator(badger.IteratorOptions{Prefix: pages, PrefetchValues: true, PrefetchSize: 16})
 		defer it.Close()
-		data := make([]byte, db.opts.PageBytes)
-		it.Rewind()
-		for it.Valid() {
-			k := it.Item().Key()
-			if len(k) < len(pages)+8 {
+		li := 0
+		for it.Rewind(); it.Valid(); it.Next() {
+			item := it.Item()
+			k := item.Key()
+			if len(k) != len(pages)+8 {
 				return fmt.Errorf("page entry key %x is %d bytes: %w", k, len(k), ErrCorrupt)
 			}
 			id := filter.PageID{SubFilter: binary.BigEndian.Uint32(k[len(pages):]), Page: binary.BigEndian.Uint32(k[len(pages)+4:])}
-			base := append([]byte{}, k[:len(pages)+8]...)
 			if dropped[id.SubFilter] {
-				it.Seek(subFilterPagesPrefix(p.prefix, id.SubFilter+1))
 				continue
 			}
-			clear(data)
-			if _, _, err := p.foldPage(it, base, data); err != nil {
+			// Pages only in the log (never written whole) come in order
+			// among those with a base.
+			for ; li < len(logIDs) && comparePageIDs(logIDs[li], id) < 0; li++ {
+				clear(data)
+				if err := emit(logIDs[li], 0); err != nil {
+					return err
+				}
+			}
+			if li < len(logIDs) && logIDs[li] == id {
+				li++
+			}
+			var floor uint64
+			if err := item.Value(func(v []byte) (err error) {
+				floor, err = decodeBase(v, data)
+				return err
+			}); err != nil {
 				if errors.Is(err, errBadEntry) {
 					err = fmt.Errorf("%s: %w: %w", fmtPageID(id), err, ErrCorrupt)
 				}
 				return err
 			}
-			if err := page(id, data); err != nil {
+			if err := emit(id, floor); err != nil {
+				return err
+			}
+		}
+		for ; li < len(logIDs); li++ {
+			clear(data)
+			if err := emit(logIDs[li], 0); err != nil {
 				return err
 			}
 		}
@@ -165,7 +238,7 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 	}
 	p.Discard()
 	p.meta, p.cp, p.hasCP, p.origin = nil, Checkpoint{}, false, Origin{}
-	p.reclaim, p.obsolete, p.consolidated = nil, nil, false
+	p.forgetLog()
 	// From here on a failure leaves no state: what was imported is deleted
 	// with the marker (or, if that fails too, when the partition is next
 	// opened), so that nothing reads a partial image as pages.
@@ -219,11 +292,11 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 		if n++; n > most {
 			return fmt.Errorf("more pages than the %d of the image's metadata: %w", most, ErrCorrupt)
 		}
-		v := make([]byte, pageBaseHeader+pb) // base sequence 0: no delta folded in
+		v := make([]byte, pageBaseHeader+pb) // floor 0: the image's pages, before any write batch
 		copy(v[pageBaseHeader:], data)
 		if warmed < warmMax {
 			warmed++
-			p.cache(id, &cachedPage{data: append([]byte(nil), data...)}) // stored as a base of sequence 0: the zero log
+			p.cache(id, &cachedPage{data: append([]byte(nil), data...)})
 		}
 		return wb.Set(pageKey(p.prefix, id), v)
 	})
@@ -301,4 +374,9 @@ func has(txn *badger.Txn, key []byte) (bool, error) {
 		return false, nil
 	}
 	return err == nil, err
+}
+
+// comparePageIDs orders page IDs as their keys: by sub-filter, then page.
+func comparePageIDs(a, b filter.PageID) int {
+	return cmp.Or(cmp.Compare(a.SubFilter, b.SubFilter), cmp.Compare(a.Page, b.Page))
 }

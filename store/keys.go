@@ -9,13 +9,15 @@ import (
 
 // Key layout; see the package comment. Every integer is big-endian.
 const (
-	layoutVersion uint32 = 2
+	layoutVersion uint32 = 3
 
 	tagLayout     byte = 'v' // DB-wide: uint32 layout version
 	tagPartition  byte = 't' // 't' | uint16 len(topic) | topic | int32 partition
 	tagMeta       byte = 'm' // after a partition prefix: chain metadata
 	tagCheckpoint byte = 'c' // after a partition prefix: int64 offset | int32 leader epoch
-	tagPage       byte = 'p' // after a partition prefix: uint32 sub-filter | uint32 page [| uint32 delta sequence]
+	tagPage       byte = 'p' // after a partition prefix: uint32 sub-filter | uint32 page
+	tagLog        byte = 'l' // after a partition prefix: uint64 write-batch sequence number
+	tagSequence   byte = 's' // after a partition prefix: uint64 sequence number of the last write batch
 	tagDropped    byte = 'd' // after a partition prefix: uint32 sub-filter whose pages are to be deleted
 	tagImporting  byte = 'i' // after a partition prefix: an Import not finished (empty value)
 	tagOrigin     byte = 'o' // after a partition prefix: the state's topic ID and cluster ID (origin.go)
@@ -29,13 +31,14 @@ const (
 	pageKeySuffix   = 1 + 4 + 4
 	// maxPageKeyBytes is the longest page key any partition can produce.
 	maxPageKeyBytes = 1 + 2 + maxTopicBytes + 4 + pageKeySuffix
-	// deltaSeqBytes is the sequence number a delta key adds to its page key.
-	deltaSeqBytes = 4
-	// maxDeltaKeyBytes is the longest delta key.
-	maxDeltaKeyBytes = maxPageKeyBytes + deltaSeqBytes
-	// pageBaseHeader is the uint32 before the page bytes of a base entry:
-	// the last delta sequence number folded into it.
-	pageBaseHeader = 4
+	// maxLogKeyBytes is the longest log key.
+	maxLogKeyBytes = 1 + 2 + maxTopicBytes + 4 + 1 + 8
+	// pageBaseHeader is the uint64 before the page bytes of a base entry:
+	// its floor, the sequence number of the last write batch whose
+	// changes of the page it holds.
+	pageBaseHeader = 8
+	// seqBytes is a write-batch sequence number.
+	seqBytes = 8
 )
 
 // layoutKey is the single DB-wide key holding the layout version.
@@ -87,11 +90,22 @@ func pageKey(prefix []byte, id filter.PageID) []byte {
 	return binary.BigEndian.AppendUint32(k, id.Page)
 }
 
-// deltaKey is the key of delta seq of page id: the page key followed by
-// seq, so that a page's base and deltas share one prefix and iterate base
-// first, then deltas in sequence order.
-func deltaKey(prefix []byte, id filter.PageID, seq uint32) []byte {
-	return binary.BigEndian.AppendUint32(pageKey(prefix, id), seq)
+// logKey is the key of the log entry of write batch seq: the log entries
+// of a partition iterate in the order they were written.
+func logKey(prefix []byte, seq uint64) []byte {
+	k := make([]byte, 0, len(prefix)+1+seqBytes)
+	k = append(k, prefix...)
+	k = append(k, tagLog)
+	return binary.BigEndian.AppendUint64(k, seq)
+}
+
+// logPrefix is the prefix of every log key of a partition.
+func logPrefix(prefix []byte) []byte {
+	return append(append(make([]byte, 0, len(prefix)+1), prefix...), tagLog)
+}
+
+func sequenceKey(prefix []byte) []byte {
+	return append(append(make([]byte, 0, len(prefix)+1), prefix...), tagSequence)
 }
 
 // subFilterPagesPrefix is the prefix of every page key of one sub-filter.

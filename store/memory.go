@@ -13,13 +13,11 @@ import "github.com/dgraph-io/badger/v4/skl"
 // the size they grow to: from 2 x BaseTableSize, doubling, until they hold
 // a level-0 table, a whole memtable. The memtable follows from
 // FlushBytes, so this is where a memory budget learns what a larger
-// FlushBytes costs: about 1.3 GiB at the defaults, four fifths of it the
-// builders (heap profiles of a worker deciding flat out into a state 20
-// times its page cache: 1.0 GiB of builders, three arenas of 83 MiB;
-// BENCHMARKS.md, "Memory budget"). o's zero fields take their defaults.
+// FlushBytes costs. It adds WriteBackBytes, the pending pages' patches.
+// o's zero fields take their defaults.
 func (o Options) MemoryBytes() int64 {
 	o = o.withDefaults()
-	size, _ := batchLimits(o.PageBytes, o.FlushBytes)
+	size, _ := batchLimits(o.PageBytes, o.FlushBytes, o.valueThreshold())
 	mt := memTableBytes(size)
 	maxBatch := 15 * mt / 100 // Badger's MaxBatchSize
 	arena := mt + maxBatch + maxBatch/int64(skl.MaxNodeSize)*int64(skl.MaxNodeSize)
@@ -30,7 +28,7 @@ func (o Options) MemoryBytes() int64 {
 		builder += buf
 		buf *= 2
 	}
-	return (numMemtables+1)*arena + blockCacheBytes + (badgerAllocatorPool+builderInFlight)*builder
+	return (numMemtables+1)*arena + blockCacheBytes + (badgerAllocatorPool+builderInFlight)*builder + o.WriteBackBytes
 }
 
 // ImportMemoryBytes is the memory one PartitionState.Import holds besides
@@ -39,7 +37,7 @@ func (o Options) MemoryBytes() int64 {
 // running at once hold it each.
 func (o Options) ImportMemoryBytes() int64 {
 	o = o.withDefaults()
-	size, _ := batchLimits(o.PageBytes, o.FlushBytes)
+	size, _ := batchLimits(o.PageBytes, o.FlushBytes, o.valueThreshold())
 	return importPendingTxns * (15 * memTableBytes(size) / 100)
 }
 

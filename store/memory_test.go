@@ -87,7 +87,7 @@ func TestMemoryBytesFollowsFlushBytes(t *testing.T) {
 	if got := (Options{PageBytes: DefaultPageBytes, FlushBytes: DefaultFlushBytes}).MemoryBytes(); got != def {
 		t.Errorf("defaults spelt out: %d, zero Options %d", got, def)
 	}
-	size, _ := batchLimits(DefaultPageBytes, DefaultFlushBytes)
+	size, _ := batchLimits(DefaultPageBytes, DefaultFlushBytes, DefaultPageBytes)
 	if mt := memTableBytes(size); def < (numMemtables+1+badgerAllocatorPool+builderInFlight)*mt+blockCacheBytes {
 		t.Errorf("MemoryBytes = %d, less than three memtables and eleven builders of %d and the block cache", def, mt)
 	}

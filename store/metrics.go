@@ -18,6 +18,7 @@ type metrics struct {
 	pageReads         prometheus.Counter
 	pagesReclaimed    prometheus.Counter
 	consolidatedPages prometheus.Counter
+	writtenBack       prometheus.Counter
 	corruptions       prometheus.Counter
 }
 
@@ -26,6 +27,10 @@ func newMetrics(reg prometheus.Registerer, db *DB) *metrics {
 	if reg != nil {
 		reg.MustRegister(newCollector(db))
 	}
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kdedup_store_patch_bytes",
+		Help: "Memory held by the logged changes of pending pages (bounded by the write-back's WriteBackBytes).",
+	}, func() float64 { return float64(db.PatchBytes()) })
 	return &metrics{
 		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "kdedup_store_commit_seconds",
@@ -63,7 +68,11 @@ func newMetrics(reg prometheus.Registerer, db *DB) *metrics {
 		}),
 		consolidatedPages: f.NewCounter(prometheus.CounterOpts{
 			Name: "kdedup_store_pages_consolidated_total",
-			Help: "Pages rewritten whole to fold in their deltas while their partition was idle (Partition.ConsolidateStep).",
+			Help: "Pending pages written whole while their partition was idle, emptying its log (PartitionState.ConsolidateStep).",
+		}),
+		writtenBack: f.NewCounter(prometheus.CounterOpts{
+			Name: "kdedup_store_pages_written_back_total",
+			Help: "Pages written whole by the write-back, advancing their floor past their logged changes.",
 		}),
 		corruptions: f.NewCounter(prometheus.CounterOpts{
 			Name: "kdedup_store_corruptions_total",

@@ -136,7 +136,7 @@ func (p *PartitionState) Clear() error {
 	}
 	p.Discard()
 	p.meta, p.cp, p.hasCP, p.origin = nil, Checkpoint{}, false, Origin{}
-	p.reclaim, p.obsolete, p.consolidated = nil, nil, false
+	p.forgetLog()
 	if err := p.finishInterruptedImport(); err != nil {
 		return fmt.Errorf("store: clearing %s: %w", p.tp, err)
 	}

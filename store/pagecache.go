@@ -20,17 +20,14 @@ import (
 //     together and chooses which to evict by CLOCK (second chance, Corbató
 //     1968; the approximation of LRU operating systems use for their page
 //     caches): a hit only sets the page's reference bit, and the lock is
-//     taken when a page enters or leaves the cache. A page whose next
-//     read would list many deltas (costlyToRead) gets one more pass of
-//     the hand, as GCLOCK weights pages by what a miss costs (Smith 1978;
-//     Nicola et al., SIGMETRICS 1992).
+//     taken when a page enters or leaves the cache.
 //
 // It replaces a hash map plus LRU list shared by every partition, whose
 // lookup, list move and lock cost about a quarter of the CPU per record
 // at 20M keys held (BENCHMARKS.md, "Page table").
 
-// chunkPages is the number of page slots of a pageChunk: 256 slots of 40
-// bytes, 10 KiB of table per MiB of 4 KiB pages.
+// chunkPages is the number of page slots of a pageChunk: 256 slots of 16
+// bytes, 4 KiB of table per MiB of 4 KiB pages.
 const chunkPages = 256
 
 // pageChunk holds the slots of chunkPages consecutive pages of one
@@ -42,24 +39,6 @@ type pageChunk struct {
 	// dirty is the page's dirty record (PartitionState.dirty), nil when it
 	// is clean. The owner's alone.
 	dirty [chunkPages]*dirtyPage
-	// stored is what the owner last learnt of each page's stored entries,
-	// from a read or a committed write batch, where known has the page's
-	// bit set. It outlives the clean page's eviction, so that reading the
-	// page again can look up exactly the entries it has
-	// (PartitionState.readKnown). The owner's alone.
-	stored [chunkPages]pageLog
-	known  [chunkPages / 64]uint64
-}
-
-// setStored records lg as what page i's stored entries are.
-func (c *pageChunk) setStored(i int, lg pageLog) {
-	c.stored[i] = lg
-	c.known[i/64] |= 1 << (i % 64)
-}
-
-// storedLog returns what page i's stored entries are, if known.
-func (c *pageChunk) storedLog(i int) (pageLog, bool) {
-	return c.stored[i], c.known[i/64]&(1<<(i%64)) != 0
 }
 
 // subTable is the slots of one sub-filter's pages, created chunk by chunk
@@ -163,12 +142,10 @@ func (pc *pageCache) add(slot *atomic.Pointer[cachedPage], c *cachedPage) {
 }
 
 // take returns a free entry, evicting the first page the hand finds with
-// its reference bit clear (clearing the bits it passes). In the hand's
-// first lap of the call it passes once over a page whose next read would
-// list its deltas (costlyToRead); after a whole lap it spares none, so a
-// call scans at most two laps and a page just added, whose bit is set, is
-// not evicted on account of pages the hand spared (Prefetch relies on
-// its pages staying until their Page call).
+// its reference bit clear (clearing the bits it passes), so a call scans
+// at most one lap and a page just added, whose bit is set, is not evicted
+// before the hand has passed every other page (Prefetch relies on its
+// pages staying until their Page call).
 func (pc *pageCache) take() int {
 	if n := len(pc.free); n > 0 {
 		i := pc.free[n-1]
@@ -183,7 +160,7 @@ func (pc *pageCache) take() int {
 		pc.used++
 		return pc.used - 1
 	}
-	for scanned := 0; ; scanned++ {
+	for {
 		i := pc.hand
 		pc.hand++
 		if pc.hand == pc.used {
@@ -195,11 +172,6 @@ func (pc *pageCache) take() int {
 		}
 		if e.page.ref.Load() {
 			e.page.ref.Store(false)
-			e.page.spared = false
-			continue
-		}
-		if scanned < pc.used && !e.page.spared && costlyToRead(e.page.log) {
-			e.page.spared = true
 			continue
 		}
 		// Evicted here, unless its owner took it out since (a stale

@@ -2,7 +2,6 @@ package store
 
 import (
 	"bytes"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -307,66 +306,5 @@ func TestPeekReadsNothing(t *testing.T) {
 	}
 	if got := p.Peek(id(0)); got == nil || got[0] != 7 {
 		t.Fatalf("Peek of a cached page = %v, want its bytes", got)
-	}
-}
-
-// TestCostlyPagesGetAnotherPass: with every page's reference bit clear,
-// the hand evicts the pages a point lookup reads again (at most
-// maxPointDeltas live deltas) and passes once over those read by listing
-// their entries (costlyToRead), evicting them only at its next pass if they
-// were not read in between; a read clears the pass they were spared.
-func TestCostlyPagesGetAnotherPass(t *testing.T) {
-	pc := newPageCache(4)
-	slots := make([]atomic.Pointer[cachedPage], 9)
-	costly := pageLog{baseSeq: 3, lastSeq: 3 + maxPointDeltas + 1}
-	cheap := pageLog{baseSeq: 3, lastSeq: 3 + maxPointDeltas}
-	for i, lg := range []pageLog{costly, cheap, costly, cheap} {
-		pc.add(&slots[i], &cachedPage{log: lg})
-		slots[i].Load().ref.Store(false) // not read since the hand passed
-	}
-	cached := func() (s string) {
-		for i := range slots {
-			if slots[i].Load() != nil {
-				s += fmt.Sprint(i)
-			}
-		}
-		return s
-	}
-	pc.add(&slots[4], &cachedPage{log: cheap}) // spares 0, evicts 1
-	pc.add(&slots[5], &cachedPage{log: cheap}) // spares 2, evicts 3
-	if got := cached(); got != "0245" {
-		t.Fatalf("cached pages %s after two adds, want 0245 (the cheap pages 1 and 3 evicted)", got)
-	}
-	slots[2].Load().touch()
-	pc.add(&slots[6], &cachedPage{log: cheap}) // evicts 0, spared already and not read since
-	pc.add(&slots[7], &cachedPage{log: cheap}) // clears the bits of 4, 2 (read: no longer spared), 5 and 6, evicts 4
-	if got := cached(); got != "2567" {
-		t.Fatalf("cached pages %s after four adds, want 2567", got)
-	}
-	pc.add(&slots[8], &cachedPage{log: cheap}) // spares 2 again, evicts 5
-	if got := cached(); got != "2678" {
-		t.Fatalf("cached pages %s after five adds, want 2678", got)
-	}
-}
-
-// TestAddedPageOutlivesCostlyPages: a page just added (prefetched) is not
-// evicted on account of costly pages the hand spares: once the hand has
-// cleared every reference bit in one call, it evicts the next page,
-// costly or not (the review's case: three costly pages just read, a
-// cache of four).
-func TestAddedPageOutlivesCostlyPages(t *testing.T) {
-	pc := newPageCache(4)
-	slots := make([]atomic.Pointer[cachedPage], 5)
-	costly := pageLog{lastSeq: maxPointDeltas + 1}
-	for i := range 3 {
-		pc.add(&slots[i], &cachedPage{log: costly})
-	}
-	pc.add(&slots[3], &cachedPage{})
-	pc.add(&slots[4], &cachedPage{})
-	if slots[3].Load() == nil {
-		t.Fatal("the page added before the last was evicted while three costly pages were kept")
-	}
-	if slots[0].Load() != nil {
-		t.Fatal("the first costly page, unreferenced after a whole lap, was kept")
 	}
 }

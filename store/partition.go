@@ -48,42 +48,46 @@ type PartitionState struct {
 	// (lastDirtyID), nil after a write batch, Discard or Drop.
 	lastDirty   *dirtyPage
 	lastDirtyID filter.PageID
-	// markErr is the error of reading the log of a page marked dirty
-	// without Page; Commit returns it.
-	markErr error
-	// obsolete are delta entries folded into a committed base, to delete.
-	obsolete []obsoleteDeltas
 	// dirtyBytes is the sum of the dirty pages' batchBytes.
 	dirtyBytes int64
 	// staged is the pages the caller holds staged (SetStagedPages).
 	staged int
-	// lastObsoleteBytes is the key bytes deleteObsolete deleted last.
-	lastObsoleteBytes int64
 	// spareSpans are range buffers of committed dirty pages, for reuse.
 	spareSpans [][]span
 	// dropped are the sub-filters dropped since the last write batch;
 	// reclaim are those committed as dropped whose pages are not yet
-	// deleted.
+	// deleted, markers those whose pages are deleted and whose markers
+	// stay until no log entry before their drop is stored.
 	dropped []uint32
-	reclaim []uint32
-	meta    []byte
-	cp      Checkpoint
-	hasCP   bool
-	origin  Origin
-	closed  bool
+	reclaim []dropMarker
+	markers []dropMarker
+	// seq is the sequence number of the last committed write batch.
+	seq uint64
+	// pending are the pages whose changes since their base are in the
+	// log, queue the order they became pending in (the write-back's),
+	// patchBytes the bytes of their patches.
+	pending    map[filter.PageID]*pendingPage
+	queue      []pendingBatch
+	patchBytes int64
+	// logSeqs are the sequence numbers of the stored log entries, in
+	// order.
+	logSeqs []uint64
+	// forceWriteBack is how many pending pages the next write batch
+	// writes back whatever their age (ConsolidateStep), 0 for the
+	// write-back's own rule.
+	forceWriteBack int
+	// logBuf and deltaBuf are Commit's buffers, reused.
+	logBuf, deltaBuf []byte
+	meta             []byte
+	cp               Checkpoint
+	hasCP            bool
+	origin           Origin
+	closed           bool
 	// reservation is the free space reserved for p's restore
 	// (ReserveSpace), counted as p's own by Import's checks.
 	reservation *Reservation
-	// consolidated: ConsolidateStep found no live delta and no write batch
-	// has written one since.
-	consolidated bool
 	// misses counts page lookups that read Badger (CacheMisses).
 	misses uint64
-	// pointReads counts pages read by point lookups of their known
-	// entries (loadKnown), pointMisses those whose entries were not the
-	// ones known and were listed instead; atomic, since Prefetch's
-	// readers count them.
-	pointReads, pointMisses atomic.Uint64
 	// hits counts the page lookups served from memory (Page), written by
 	// the owner alone and read by the metrics (DB.cacheHits).
 	hits atomic.Uint64
@@ -93,8 +97,8 @@ type PartitionState struct {
 }
 
 func (p *PartitionState) load() error {
-	var meta, cp, origin []byte
-	var hasMeta, hasCP, hasOrigin, importing bool
+	var meta, cp, origin, seq []byte
+	var hasMeta, hasCP, hasOrigin, hasSeq, importing bool
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
 		var err error
 		if importing, err = has(txn, importingKey(p.prefix)); err != nil || importing {
@@ -104,6 +108,9 @@ func (p *PartitionState) load() error {
 			return err
 		}
 		if origin, hasOrigin, err = get(txn, originKey(p.prefix)); err != nil {
+			return err
+		}
+		if seq, hasSeq, err = get(txn, sequenceKey(p.prefix)); err != nil {
 			return err
 		}
 		cp, hasCP, err = get(txn, checkpointKey(p.prefix))
@@ -138,9 +145,22 @@ func (p *PartitionState) load() error {
 	if p.cp, err = decodeCheckpoint(cp); err != nil {
 		return p.db.corrupted(fmt.Errorf("store: loading %s: %w; %s", p.tp, err, recoverHint))
 	}
+	if hasSeq {
+		if len(seq) != seqBytes {
+			return p.db.corrupted(fmt.Errorf("store: loading %s: %w", p.tp, corruptError(p.db.where,
+				fmt.Sprintf("write-batch sequence number of %d bytes, want %d", len(seq), seqBytes))))
+		}
+		p.seq = binary.BigEndian.Uint64(seq)
+	}
 	p.meta, p.hasCP = meta, true
 	if p.reclaim, err = p.droppedMarkers(); err != nil {
 		return fmt.Errorf("store: loading %s: %w", p.tp, err)
+	}
+	if err := p.db.bdb.View(func(txn *badger.Txn) error { return p.replayLog(txn, p.reclaim) }); err != nil {
+		if errors.Is(err, ErrCorrupt) {
+			return p.db.corrupted(fmt.Errorf("store: loading %s: replaying its log: %w", p.tp, corruptError(p.db.where, err.Error())))
+		}
+		return fmt.Errorf("store: loading %s: replaying its log: %w", p.tp, err)
 	}
 	if !p.db.opts.ReadOnly {
 		p.deleteDropped()
@@ -149,9 +169,10 @@ func (p *PartitionState) load() error {
 }
 
 // droppedMarkers lists the sub-filters whose drop was committed and whose
-// pages may not all be deleted yet.
-func (p *PartitionState) droppedMarkers() ([]uint32, error) {
-	var subs []uint32
+// pages may not all be deleted yet, or whose records the log may still
+// hold.
+func (p *PartitionState) droppedMarkers() ([]dropMarker, error) {
+	var subs []dropMarker
 	start := append(append([]byte{}, p.prefix...), tagDropped)
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: start})
@@ -161,32 +182,71 @@ func (p *PartitionState) droppedMarkers() ([]uint32, error) {
 			if len(k) != len(start)+4 {
 				return fmt.Errorf("dropped-sub-filter key %x is %d bytes, want %d: %w", k, len(k), len(start)+4, ErrCorrupt)
 			}
-			subs = append(subs, binary.BigEndian.Uint32(k[len(start):]))
+			m := dropMarker{sub: binary.BigEndian.Uint32(k[len(start):])}
+			err := it.Item().Value(func(v []byte) error {
+				if len(v) != seqBytes {
+					return fmt.Errorf("dropped-sub-filter marker of %d bytes, want %d: %w", len(v), seqBytes, ErrCorrupt)
+				}
+				m.seq = binary.BigEndian.Uint64(v)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			subs = append(subs, m)
 		}
 		return nil
 	})
 	return subs, err
 }
 
-// deleteDropped deletes the pages of the sub-filters in p.reclaim and then
-// their markers. A failure is logged and the sub-filters stay listed, to be
-// retried after the next write batch (or the next open): the pages are
-// garbage, nothing reads them, and the committed state is unaffected.
+// deleteDropped deletes the pages of the sub-filters in p.reclaim, and
+// the markers of those whose pages are deleted once no log entry written
+// before their drop is stored (a log entry's records of a dropped
+// sub-filter are skipped by their marker when the log is replayed). A
+// failure is logged and the sub-filters stay listed, to be retried after
+// the next write batch (or the next open): the pages are garbage, nothing
+// reads them, and the committed state is unaffected.
 func (p *PartitionState) deleteDropped() {
 	for len(p.reclaim) > 0 {
 		if err := p.db.checkFreeSpace(); err != nil {
 			// Deletes are writes too; the next Commit reports the shortage.
 			return
 		}
-		sub := p.reclaim[0]
-		n, err := p.deleteSubFilter(sub)
+		m := p.reclaim[0]
+		n, err := p.deleteSubFilter(m.sub)
 		if err != nil {
 			p.db.logger.Error("deleting the pages of a dropped sub-filter failed; will retry after the next write batch",
-				"partition", p.tp.String(), "sub_filter", sub, "err", err)
+				"partition", p.tp.String(), "sub_filter", m.sub, "err", err)
 			return
 		}
 		p.db.metrics.pagesReclaimed.Add(float64(n))
 		p.reclaim = p.reclaim[1:]
+		p.markers = append(p.markers, m)
+	}
+	var done []dropMarker
+	p.markers = slices.DeleteFunc(p.markers, func(m dropMarker) bool {
+		if len(p.logSeqs) > 0 && p.logSeqs[0] < m.seq {
+			return false
+		}
+		done = append(done, m)
+		return true
+	})
+	if len(done) == 0 {
+		return
+	}
+	err := p.db.bdb.Update(func(txn *badger.Txn) error {
+		for _, m := range done {
+			if err := txn.Delete(droppedKey(p.prefix, m.sub)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		p.db.logger.Error("deleting the markers of dropped sub-filters failed; will retry after the next write batch",
+			"partition", p.tp.String(), "sub_filters", len(done), "err", err)
+		p.markers = append(p.markers, done...)
 	}
 }
 
@@ -208,9 +268,6 @@ func (p *PartitionState) deleteSubFilter(sub uint32) (int, error) {
 	})
 	if err == nil {
 		err = wb.Flush()
-	}
-	if err == nil {
-		err = p.db.bdb.Update(func(txn *badger.Txn) error { return txn.Delete(droppedKey(p.prefix, sub)) })
 	}
 	return n, err
 }
@@ -246,8 +303,8 @@ func (p *PartitionState) Meta() []byte { return p.meta }
 func (p *PartitionState) Checkpoint() (Checkpoint, bool) { return p.cp, p.hasCP }
 
 // Page returns page id, PageBytes long: the dirty copy if there is one, else
-// the cached or stored clean page (its base with its deltas applied); a page
-// never written reads as zeros. The caller may modify the page in place and
+// the cached or stored clean page (its base with its logged changes
+// applied); a page never written reads as zeros. The caller may modify the page in place and
 // must then call MarkChanged or MarkDirty before its next call to Page,
 // since an unmarked clean page can be evicted from the cache (and its
 // changes lost) at any time. A stored entry that cannot be right (a base of
@@ -318,89 +375,35 @@ func (p *PartitionState) Peek(id filter.PageID) []byte {
 	return nil
 }
 
-// cache adds c, the clean page id read from Badger, to the DB's page cache,
-// and keeps its log beyond it.
+// cache adds c, the clean page id read from Badger, to the DB's page
+// cache.
 func (p *PartitionState) cache(id filter.PageID, c *cachedPage) {
 	ch, i := p.table.slot(id, true)
-	ch.setStored(i, c.log)
 	p.db.cache.add(&ch.clean[i], c)
 }
 
-// storedLog returns what page id's stored entries are, if p knows.
-func (p *PartitionState) storedLog(id filter.PageID) (pageLog, bool) {
-	ch, i := p.table.slot(id, false)
-	if ch == nil {
-		return pageLog{}, false
-	}
-	return ch.storedLog(i)
-}
-
-// load1 reads page id and its log from Badger: with point lookups when p
-// knows its stored entries (loadKnown), else by listing them.
+// load1 reads page id of the committed state from Badger: one point
+// lookup of its base, and its patch applied if it is pending.
 func (p *PartitionState) load1(id filter.PageID) (*cachedPage, error) {
 	var (
-		c    *cachedPage
-		lerr error
+		data  []byte
+		found bool
+		rerr  error
 	)
-	lg, known := p.storedLog(id)
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
-		prefix := pageKey(p.prefix, id)
-		if known {
-			var ok bool
-			if c, ok, lerr = p.loadKnown(txn, id, prefix, lg); ok || lerr != nil {
-				return nil
-			}
-		}
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
-		defer it.Close()
-		c, lerr = p.loadAt(it, id, prefix)
+		data, found, rerr = p.readPage(txn, id, p.pending[id])
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, err)
 	}
-	return c, lerr
-}
-
-// loadAt reads page id and its log through it (readPageAt), prefix being
-// id's page key, and counts the read; a stored entry that cannot be right
-// is ErrCorrupt (logged and counted as corruption).
-func (p *PartitionState) loadAt(it *badger.Iterator, id filter.PageID, prefix []byte) (*cachedPage, error) {
-	var c cachedPage
-	var found bool
-	var err error
-	c.data, c.log, found, err = p.readPageAt(it, prefix)
-	if err != nil {
-		return nil, p.readFailed(id, err)
+	if rerr != nil {
+		return nil, p.readFailed(id, rerr)
 	}
 	if found {
 		p.db.metrics.pageReads.Inc()
 	}
-	return &c, nil
-}
-
-// loadKnown reads page id, whose stored entries lg describes, with a point
-// lookup of each (readKnown) and counts the read. ok is false, with
-// nothing read, when the page has more live deltas than maxPointDeltas or
-// its entries are not those of lg; the caller then lists them (loadAt).
-// Errors are loadAt's.
-func (p *PartitionState) loadKnown(txn *badger.Txn, id filter.PageID, prefix []byte, lg pageLog) (*cachedPage, bool, error) {
-	if lg.lastSeq-lg.baseSeq > maxPointDeltas {
-		return nil, false, nil
-	}
-	data, found, ok, err := p.readKnown(txn, prefix, lg)
-	if err != nil {
-		return nil, false, p.readFailed(id, err)
-	}
-	if !ok {
-		p.pointMisses.Add(1)
-		return nil, false, nil
-	}
-	p.pointReads.Add(1)
-	if found {
-		p.db.metrics.pageReads.Inc()
-	}
-	return &cachedPage{data: data, log: lg}, true, nil
+	return &cachedPage{data: data}, nil
 }
 
 // readFailed returns err, an error reading page id, as Page reports it: a
@@ -461,24 +464,8 @@ func (p *PartitionState) markDirty(id filter.PageID, page []byte) *dirtyPage {
 		return d
 	}
 	d := &dirtyPage{data: page}
-	// The page's log comes from the record Page returned. Another PartitionState
-	// sharing the cache may have evicted it since, hence p.last.
-	lg, known := ch.storedLog(i)
-	switch c := ch.clean[i].Load(); {
-	case p.last != nil && p.lastID == id:
-		d.log = p.last.log
-	case c != nil:
-		d.log = c.log
-	case known:
-		d.log = lg
-	default:
-		// Marked without a Page call first: the log must come from Badger.
-		c, err := p.load1(id)
-		if err != nil {
-			p.markErr = errors.Join(p.markErr, err)
-		} else {
-			d.log = c.log
-		}
+	if pp := p.pending[id]; pp != nil {
+		d.patched = len(pp.patch)
 	}
 	p.dirty[id] = d
 	ch.dirty[i] = d
@@ -521,7 +508,6 @@ func (p *PartitionState) Drop(subFilter uint32) {
 		p.last = nil
 	}
 	p.lastDirty = nil
-	p.obsolete = slices.DeleteFunc(p.obsolete, func(o obsoleteDeltas) bool { return o.id.SubFilter == subFilter })
 	p.dropped = append(p.dropped, subFilter)
 }
 
@@ -541,24 +527,28 @@ func (p *PartitionState) DirtyPages() int { return len(p.dirty) }
 
 // account updates d's share of DirtyBytes after a change.
 func (p *PartitionState) account(d *dirtyPage) {
-	b := d.sizeInBatch(p.db.opts.PageBytes, p.deltaKeyBytes())
+	b := d.sizeInBatch(p.db.opts.PageBytes)
 	p.dirtyBytes += b - d.batchBytes
 	d.batchBytes = b
 }
 
-// Commit writes a write batch in one Badger transaction: every dirty page
-// (as a delta of its changed bytes, or whole; see the package comment),
-// meta as the chain metadata and cp as the checkpoint. On success the dirty
-// pages become clean cached pages and Meta and Checkpoint return meta and
-// cp. On error nothing changes in memory: the dirty pages stay dirty, Meta
-// and Checkpoint keep their values. The durable state is that of the
-// previous or of this write batch, never a mix. Errors: ErrDiskFull when
-// the data directory's filesystem has less free space than the batch, the
-// memtable flushes and a compaction need (checked before Badger writes
-// anything), ErrBatchTooBig when the batch exceeds Badger's transaction
-// limit (the caller let DirtyBytes grow past FlushBytes), ErrCorrupt when a
-// dirty page is not PageBytes long, ErrReadOnly, ErrClosed, the error of
-// reading a page marked without Page, or Badger's error.
+// Commit writes a write batch in one Badger transaction: one log entry
+// holding the changed bytes of every dirty page (pages written whole
+// instead: those marked whole, those whose logged changes would pass half
+// a page), the pages the write-back takes this time written whole (see
+// the package comment), meta as the chain metadata and cp as the
+// checkpoint. On success the dirty pages become clean cached pages and
+// Meta and Checkpoint return meta and cp; the log entries every page has
+// since been written past are deleted. On error nothing changes in
+// memory: the dirty pages stay dirty, Meta and Checkpoint keep their
+// values. The durable state is that of the previous or of this write
+// batch, never a mix. Errors: ErrDiskFull when the data directory's
+// filesystem has less free space than the batch, the memtable flushes and
+// a compaction need (checked before Badger writes anything),
+// ErrBatchTooBig when the batch exceeds Badger's transaction limit (the
+// caller let DirtyBytes grow past FlushBytes), ErrCorrupt when a dirty
+// page is not PageBytes long or a page to write back cannot be read
+// right, ErrReadOnly, ErrClosed, or Badger's error.
 func (p *PartitionState) Commit(meta []byte, cp Checkpoint) error {
 	if p.closed || p.db.closed.Load() {
 		return fmt.Errorf("store: committing a write batch of %s: %w", p.tp, ErrClosed)
@@ -569,16 +559,10 @@ func (p *PartitionState) Commit(meta []byte, cp Checkpoint) error {
 	start := time.Now()
 	// Checked before Badger sees the batch: Badger writes through memory
 	// maps, and a write the filesystem has no room for kills the process.
-	err := p.markErr
+	err := p.db.checkFreeSpace()
+	var r commitResult
 	if err == nil {
-		err = p.db.checkFreeSpace()
-	}
-	var (
-		written int64
-		logs    map[filter.PageID]pageLog
-	)
-	if err == nil {
-		written, logs, err = p.commit(meta, cp)
+		r, err = p.commit(meta, cp, p.db.now())
 	}
 	if err != nil {
 		p.db.metrics.commitErrors.Inc()
@@ -586,18 +570,14 @@ func (p *PartitionState) Commit(meta []byte, cp Checkpoint) error {
 			p.tp, len(p.dirty), cp.Offset, err)
 	}
 	p.db.metrics.commitSeconds.Observe(time.Since(start).Seconds())
-	p.db.metrics.commitBytes.Add(float64(written))
+	p.db.metrics.commitBytes.Add(float64(r.written))
 	p.db.metrics.commits.Inc()
+	p.db.metrics.writtenBack.Add(float64(r.writtenBack))
 
 	for id, d := range p.dirty {
-		lg := logs[id]
-		if d.log.oldest != 0 && lg.oldest == 0 {
-			p.obsolete = append(p.obsolete, obsoleteDeltas{id: id, from: d.log.oldest, to: lg.baseSeq})
-		}
 		ch, i := p.table.slot(id, true)
 		ch.dirty[i] = nil
-		ch.setStored(i, lg)
-		p.db.cache.add(&ch.clean[i], &cachedPage{data: d.data, log: lg})
+		p.db.cache.add(&ch.clean[i], &cachedPage{data: d.data})
 		p.recycle(d)
 	}
 	p.db.addDirtyPages(-int64(len(p.dirty)))
@@ -606,21 +586,42 @@ func (p *PartitionState) Commit(meta []byte, cp Checkpoint) error {
 	p.lastDirty = nil
 	p.meta = append([]byte{}, meta...)
 	p.cp, p.hasCP = cp, true
-	p.reclaim = append(p.reclaim, p.dropped...)
-	p.dropped = p.dropped[:0]
+	p.settle(r)
+	p.trimLog()
 	p.deleteDropped()
-	p.deleteObsolete()
 	return nil
 }
 
-// commit stages and commits the transaction and returns the key and value
-// bytes it wrote and the log of every dirty page once it is committed.
-func (p *PartitionState) commit(meta []byte, cp Checkpoint) (int64, map[filter.PageID]pageLog, error) {
+// commitResult is what a committed write batch changed of the log and
+// the pending pages.
+type commitResult struct {
+	seq     uint64
+	at      int64
+	written int64
+	// logged are the records of the batch's log entry: page id's patch
+	// bytes are p.logBuf[lo:hi].
+	logged []loggedRecord
+	hasLog bool
+	// whole are the pages written whole, writtenBack how many of them the
+	// write-back took.
+	whole       []filter.PageID
+	writtenBack int
+	// qi, qj are where in p.queue the write-back stopped.
+	qi, qj int
+}
+
+type loggedRecord struct {
+	id     filter.PageID
+	lo, hi int
+}
+
+// commit stages and commits the transaction of write batch p.seq+1 at
+// now.
+func (p *PartitionState) commit(meta []byte, cp Checkpoint, now time.Time) (r commitResult, err error) {
 	txn := p.db.bdb.NewTransaction(true)
 	defer txn.Discard()
-	var written int64
 	set := func(key, value []byte) error {
-		written += int64(len(key) + len(value))
+		r.written += int64(len(key) + len(value))
 		err := txn.Set(key, value)
 		if errors.Is(err, badger.ErrTxnTooBig) {
 			return fmt.Errorf("%w (FlushBytes %d, Badger's limit %d bytes): %w",
@@ -629,58 +630,254 @@ func (p *PartitionState) commit(meta []byte, cp Checkpoint) (int64, map[filter.P
 		return err
 	}
 	pb := p.db.opts.PageBytes
-	logs := make(map[filter.PageID]pageLog, len(p.dirty))
-	for id, d := range p.dirty {
-		if len(d.data) != pb {
-			return 0, nil, fmt.Errorf("dirty %s is %d bytes, want %d: %w", fmtPageID(id), len(d.data), pb, ErrCorrupt)
-		}
-		lg := d.log
-		if !d.whole {
-			v := encodeDelta(d.spans, d.data)
-			k := deltaKey(p.prefix, id, lg.lastSeq+1)
-			if cost := len(k) + len(v); lg.deltaBytes+cost <= maxDeltaBytes(pb) && len(v) < pb {
-				if err := set(k, v); err != nil {
-					return 0, nil, err
+	r.seq, r.at = p.seq+1, now.UnixNano()
+	seq := binary.BigEndian.AppendUint64(make([]byte, 0, seqBytes), r.seq)
+	chosen, qi, qj := p.chooseWriteBack(now)
+	r.qi, r.qj, r.writtenBack = qi, qj, len(chosen)
+	defer func() {
+		if err != nil {
+			for _, id := range chosen {
+				if pp := p.pending[id]; pp != nil {
+					pp.writeBack = false
 				}
-				lg.lastSeq++
-				lg.deltaBytes += cost
-				p.consolidated = false
-				if lg.oldest == 0 {
-					lg.oldest = lg.lastSeq
-				}
-				logs[id] = lg
-				continue
 			}
 		}
-		// Consolidation: the base takes every delta written so far, which
-		// become obsolete (deleted once this batch is durable).
-		base := make([]byte, pageBaseHeader, pageBaseHeader+pb)
-		binary.BigEndian.PutUint32(base, lg.lastSeq)
-		if err := set(pageKey(p.prefix, id), append(base, d.data...)); err != nil {
-			return 0, nil, err
+	}()
+	putBase := func(id filter.PageID, data []byte) error {
+		v := make([]byte, pageBaseHeader+pb)
+		copy(v, seq)
+		copy(v[pageBaseHeader:], data)
+		r.whole = append(r.whole, id)
+		return set(pageKey(p.prefix, id), v)
+	}
+	logv := binary.BigEndian.AppendUint64(p.logBuf[:0], uint64(r.at))
+	for id, d := range p.dirty {
+		if len(d.data) != pb {
+			return r, fmt.Errorf("dirty %s is %d bytes, want %d: %w", fmtPageID(id), len(d.data), pb, ErrCorrupt)
 		}
-		logs[id] = pageLog{baseSeq: lg.lastSeq, lastSeq: lg.lastSeq}
+		pp := p.pending[id]
+		if !d.whole && (pp == nil || !pp.writeBack) {
+			start := len(logv)
+			logv = binary.BigEndian.AppendUint32(logv, id.SubFilter)
+			logv = binary.BigEndian.AppendUint32(logv, id.Page)
+			p.deltaBuf = appendDelta(p.deltaBuf[:0], d.spans, d.data)
+			logv = binary.AppendUvarint(logv, uint64(len(p.deltaBuf)))
+			logv = append(logv, p.deltaBuf...)
+			patched := 0
+			if pp != nil {
+				patched = len(pp.patch)
+			}
+			if patched+len(logv)-start-logRecordHeader <= maxPatchBytes(pb) {
+				r.logged = append(r.logged, loggedRecord{id: id, lo: start + logRecordHeader, hi: len(logv)})
+				continue
+			}
+			logv = logv[:start]
+		}
+		if err := putBase(id, d.data); err != nil {
+			return r, err
+		}
+	}
+	for _, id := range chosen {
+		if _, dirty := p.dirty[id]; dirty {
+			continue // written whole above
+		}
+		data, err := p.committedPage(id)
+		if err != nil {
+			return r, err
+		}
+		if err := putBase(id, data); err != nil {
+			return r, err
+		}
+	}
+	p.logBuf = logv
+	if len(logv) > logValueHeader {
+		r.hasLog = true
+		if err := set(logKey(p.prefix, r.seq), logv); err != nil {
+			return r, err
+		}
 	}
 	for _, sub := range p.dropped {
-		if err := set(droppedKey(p.prefix, sub), nil); err != nil {
-			return 0, nil, err
+		if err := set(droppedKey(p.prefix, sub), seq); err != nil {
+			return r, err
 		}
 	}
 	if err := set(metaKey(p.prefix), meta); err != nil {
-		return 0, nil, err
+		return r, err
 	}
 	if err := set(checkpointKey(p.prefix), encodeCheckpoint(cp)); err != nil {
-		return 0, nil, err
+		return r, err
+	}
+	if err := set(sequenceKey(p.prefix), seq); err != nil {
+		return r, err
 	}
 	if hook := p.db.tuning.beforeTxnCommit; hook != nil {
 		if err := hook(p.tp); err != nil {
-			return 0, nil, err
+			return r, err
 		}
 	}
 	if err := txn.Commit(); err != nil {
-		return 0, nil, err
+		return r, err
 	}
-	return written, logs, nil
+	return r, nil
+}
+
+// committedPage returns page id of the committed state, which is not
+// dirty: the cached copy, or read from Badger (not cached: a write-back
+// must not evict the pages records need).
+func (p *PartitionState) committedPage(id filter.PageID) ([]byte, error) {
+	if c := p.last; c != nil && p.lastID == id {
+		return c.data, nil
+	}
+	if ch, i := p.table.slot(id, false); ch != nil {
+		if c := ch.clean[i].Load(); c != nil {
+			return c.data, nil
+		}
+	}
+	c, err := p.load1(id)
+	if err != nil {
+		return nil, err
+	}
+	return c.data, nil
+}
+
+// chooseWriteBack marks the pending pages the next write batch writes
+// whole, oldest first: those pending since a write batch older than
+// Options.WriteBackInterval, and older ones still while p's patches pass
+// its share of Options.WriteBackBytes, at most writeBackPages (or
+// forceWriteBack, whatever their age). It returns them and where in
+// p.queue it stopped.
+func (p *PartitionState) chooseWriteBack(now time.Time) (chosen []filter.PageID, qi, qj int) {
+	if len(p.pending) == 0 {
+		return nil, 0, 0
+	}
+	limit := p.forceWriteBack
+	if limit == 0 {
+		limit = p.db.writeBackPages
+	}
+	cutoff := now.Add(-p.db.opts.WriteBackInterval).UnixNano()
+	over := p.patchBytes - p.db.patchShare()
+	for qi = 0; qi < len(p.queue); qi++ {
+		b := &p.queue[qi]
+		if p.forceWriteBack == 0 && b.at > cutoff && over <= 0 {
+			return chosen, qi, 0
+		}
+		for qj = 0; qj < len(b.ids); qj++ {
+			if len(chosen) == limit {
+				return chosen, qi, qj
+			}
+			id := b.ids[qj]
+			pp := p.pending[id]
+			if pp == nil || pp.since != b.seq || pp.writeBack || slices.Contains(p.dropped, id.SubFilter) {
+				continue
+			}
+			pp.writeBack = true
+			chosen = append(chosen, id)
+			over -= int64(len(pp.patch))
+		}
+	}
+	return chosen, len(p.queue), 0
+}
+
+// settle applies committed write batch r to what p knows of its pending
+// pages and log.
+func (p *PartitionState) settle(r commitResult) {
+	p.seq = r.seq
+	var newly []filter.PageID
+	var grown int64
+	for _, rec := range r.logged {
+		pp := p.pending[rec.id]
+		if pp == nil {
+			pp = &pendingPage{since: r.seq}
+			p.pending[rec.id] = pp
+			newly = append(newly, rec.id)
+		}
+		pp.patch = append(pp.patch, p.logBuf[rec.lo:rec.hi]...)
+		grown += int64(rec.hi - rec.lo)
+	}
+	for _, id := range r.whole {
+		if pp := p.pending[id]; pp != nil {
+			grown -= int64(len(pp.patch))
+			delete(p.pending, id)
+		}
+	}
+	for _, sub := range p.dropped {
+		for id, pp := range p.pending {
+			if id.SubFilter == sub {
+				grown -= int64(len(pp.patch))
+				delete(p.pending, id)
+			}
+		}
+		p.reclaim = append(p.reclaim, dropMarker{sub: sub, seq: r.seq})
+	}
+	p.dropped = p.dropped[:0]
+	p.patchBytes += grown
+	p.db.addPatchBytes(grown)
+	if r.qi < len(p.queue) {
+		p.queue[r.qi].ids = p.queue[r.qi].ids[r.qj:]
+	}
+	p.queue = p.queue[min(r.qi, len(p.queue)):]
+	if len(newly) > 0 {
+		p.queue = append(p.queue, pendingBatch{seq: r.seq, at: r.at, ids: newly})
+	}
+	// Pages written whole since they became pending leave their batches;
+	// the oldest batch with a page still pending is where the log starts.
+	for len(p.queue) > 0 {
+		b := &p.queue[0]
+		for len(b.ids) > 0 {
+			if pp := p.pending[b.ids[0]]; pp != nil && pp.since == b.seq {
+				break
+			}
+			b.ids = b.ids[1:]
+		}
+		if len(b.ids) > 0 {
+			break
+		}
+		p.queue = p.queue[1:]
+	}
+	if r.hasLog {
+		p.logSeqs = append(p.logSeqs, r.seq)
+	}
+}
+
+// trimLog deletes the log entries older than every pending page: those
+// before the oldest write batch a page is pending since. They are
+// obsolete once the write batch that wrote their pages whole committed,
+// so this is a separate WriteBatch, outside the write batch's
+// transaction and its size limit; a failure is logged and retried after
+// the next write batch, and the entries left by a crash are deleted at
+// the first write batch after the next open.
+func (p *PartitionState) trimLog() {
+	keep := p.seq + 1
+	if len(p.queue) > 0 {
+		keep = p.queue[0].seq
+	}
+	n := 0
+	for n < len(p.logSeqs) && p.logSeqs[n] < keep {
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	if err := p.db.checkFreeSpace(); err != nil {
+		return // the next Commit reports the shortage
+	}
+	wb := p.db.bdb.NewWriteBatch()
+	defer wb.Cancel()
+	var err error
+	for _, seq := range p.logSeqs[:n] {
+		if err = wb.Delete(logKey(p.prefix, seq)); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = wb.Flush()
+	}
+	if err != nil {
+		p.db.logger.Error("deleting log entries written back failed; will retry after the next write batch",
+			"partition", p.tp.String(), "entries", n, "err", err)
+		return
+	}
+	p.logSeqs = p.logSeqs[n:]
 }
 
 // Discard drops the dirty pages and this partition's cached pages, in
@@ -695,7 +892,7 @@ func (p *PartitionState) Discard() {
 	}
 	clear(p.dirty)
 	p.dirtyBytes = 0
-	p.last, p.lastDirty, p.markErr = nil, nil, nil
+	p.last, p.lastDirty = nil, nil
 	p.dropped = p.dropped[:0]
 	p.dropCached()
 }
@@ -721,6 +918,7 @@ func (p *PartitionState) Close() {
 	}
 	p.Discard()
 	p.SetStagedPages(0)
+	p.forgetLog()
 	p.reservation.Release()
 	p.closed = true
 	p.db.release(p.tp)

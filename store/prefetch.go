@@ -80,12 +80,11 @@ func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 	slices.SortFunc(want, func(a, b filter.PageID) int {
 		return cmp.Or(cmp.Compare(a.SubFilter, b.SubFilter), cmp.Compare(a.Page, b.Page))
 	})
-	// Pages whose stored entries p knows are read by point lookups
-	// (loadKnown); an iterator is built for the others only.
-	logs := make([]pageLog, len(want))
-	known := make([]bool, len(want))
+	// The pending pages' patches, looked up by the owner: the workers
+	// read the map of no one.
+	patches := make([]*pendingPage, len(want))
 	for i, id := range want {
-		logs[i], known[i] = p.storedLog(id)
+		patches[i] = p.pending[id]
 	}
 	pages := make([]*cachedPage, len(want))
 	errs := make([]error, len(want))
@@ -94,32 +93,25 @@ func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 	for w := range workers {
 		lo, hi := w*len(want)/workers, (w+1)*len(want)/workers
 		wg.Go(func() {
-			// loadAt and loadKnown only read the PartitionState's immutable
-			// fields and the DB, and count in atomics; each worker reads
-			// in its own Badger read-only transaction, which Badger allows
-			// concurrently.
+			// readPage only reads the PartitionState's immutable fields and
+			// the DB; each worker reads in its own Badger read-only
+			// transaction, which Badger allows concurrently.
+			var reads int
 			err := p.db.bdb.View(func(txn *badger.Txn) error {
-				var it *badger.Iterator
-				defer func() {
-					if it != nil {
-						it.Close()
-					}
-				}()
 				for i := lo; i < hi; i++ {
-					prefix := pageKey(p.prefix, want[i])
-					if known[i] {
-						var ok bool
-						if pages[i], ok, errs[i] = p.loadKnown(txn, want[i], prefix, logs[i]); ok || errs[i] != nil {
-							continue
-						}
+					data, found, err := p.readPage(txn, want[i], patches[i])
+					if err != nil {
+						errs[i] = p.readFailed(want[i], err)
+						continue
 					}
-					if it == nil {
-						it = txn.NewIterator(badger.IteratorOptions{Prefix: p.prefix})
+					if found {
+						reads++
 					}
-					pages[i], errs[i] = p.loadAt(it, want[i], prefix)
+					pages[i] = &cachedPage{data: data}
 				}
 				return nil
 			})
+			p.db.metrics.pageReads.Add(float64(reads))
 			if err != nil {
 				for i := lo; i < hi; i++ {
 					errs[i] = fmt.Errorf("store: reading %s of %s: %w", fmtPageID(want[i]), p.tp, err)

@@ -70,15 +70,23 @@ const (
 	DefaultCacheBytes = 256 << 20
 	DefaultFlushBytes = 8 << 20
 
-	// MaxPageBytes is the largest page the filter allows (filter.MaxPageBytes)
-	// whose value, the page and its header, stays under Badger's default
-	// ValueThreshold: the largest power of two below valueThresholdBytes
-	// (512 KiB). Pages then live in the LSM tree and value-log GC has little
-	// to do.
+	// DefaultWriteBackInterval is Options.WriteBackInterval's default,
+	// DefaultWriteBackBytes Options.WriteBackBytes'.
+	DefaultWriteBackInterval = time.Minute
+	DefaultWriteBackBytes    = 64 << 20
+
+	// MaxPageBytes is the largest page the filter allows (filter.MaxPageBytes),
+	// at most half Badger's largest ValueThreshold (512 KiB).
 	MaxPageBytes = min(filter.MaxPageBytes, valueThresholdBytes/2)
-	// valueThresholdBytes is Badger's default ValueThreshold (1 MiB), which
-	// Open keeps: values of this size or more go to the value log.
+	// valueThresholdBytes is Badger's largest ValueThreshold (1 MiB), kept
+	// for an InMemory store, which has no value log: Open sets
+	// ValueThreshold to PageBytes otherwise, so that whole pages and
+	// large log entries go to the value log and the LSM tree holds their
+	// pointers.
 	valueThresholdBytes = 1 << 20
+	// valuePointerBytes is what Badger's transaction size estimate counts
+	// for a value in the value log (its pointer).
+	valuePointerBytes = 12
 
 	// batchReserveBytes is the room a write batch keeps beside its pages for
 	// the chain metadata, the checkpoint and Badger's transaction marker.
@@ -99,17 +107,25 @@ const (
 	// memtables (about 1.3x MemTableSize each) wait for level 0 when the
 	// flushes fall behind; with two, writes wait instead.
 	numMemtables = 2
-	// baseTableBytes is Badger's BaseTableSize (default 2 MiB). Badger
+	// baseTableBytes is Badger's BaseTableSize (default 2 MiB, kept). Badger
 	// builds every table in an allocator from a pool that keeps up to 8 of
 	// them at the size they grew to while the database is busy. A builder
 	// starts at 2 x BaseTableSize rounded up to a power of two and doubles,
-	// and a level-0 table is a whole memtable (64 to 73 MiB at the default
-	// FlushBytes): from 4 MiB it grows to 124 MiB (4+8+...+64), from 32 MiB
-	// to 96 MiB (32+64).
-	baseTableBytes = 16 << 20
+	// and a level-0 table is a whole memtable: with whole pages in the
+	// value log, the memtable holds keys, pointers and small values, and
+	// stays at its least (16 MiB) at the default FlushBytes.
+	baseTableBytes = 2 << 20
+	// numCompactors is Badger's NumCompactors (default 4; Badger refuses
+	// 1): two, on a worker of a few cores.
+	numCompactors = 2
+	// valueLogFileBytes is Badger's ValueLogFileSize (default 1 GiB): the
+	// value log holds whole pages and log entries, rewritten every
+	// write-back interval, and value-log GC rewrites or deletes whole
+	// files, so smaller files return their space sooner.
+	valueLogFileBytes = 256 << 20
 
 	blockCacheBytes = 8 << 20
-	gcInterval      = 5 * time.Minute
+	gcInterval      = time.Minute
 	gcDiscardRatio  = 0.5
 )
 
@@ -148,6 +164,18 @@ type Options struct {
 	// Registerer registers the kdedup_store_* metrics and the Badger size
 	// and cache metrics (kdedup_badger_*); nil registers none.
 	Registerer prometheus.Registerer
+	// WriteBackInterval is how long a page's changes stay in the log
+	// before a write batch writes the page whole (default 1 minute): the
+	// log a partition's open applies after a crash holds about this much
+	// of its write batches, and a page is written whole at most once per
+	// interval by the write-back (see the package comment).
+	WriteBackInterval time.Duration
+	// WriteBackBytes bounds the logged changes every PartitionState of the
+	// DB holds in memory for its pending pages (default 64 MiB): a
+	// partition whose patches pass its share (WriteBackBytes over the
+	// open partitions) writes its oldest pending pages whole before the
+	// interval.
+	WriteBackBytes int64
 	// ReadOnly opens an existing store without writing to it (Commit
 	// returns ErrReadOnly). Read-only processes share the directory with each
 	// other but not with a writer (ErrLocked); Badger refuses a directory it
@@ -164,6 +192,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.FlushBytes == 0 {
 		o.FlushBytes = DefaultFlushBytes
+	}
+	if o.WriteBackInterval == 0 {
+		o.WriteBackInterval = DefaultWriteBackInterval
+	}
+	if o.WriteBackBytes == 0 {
+		o.WriteBackBytes = DefaultWriteBackBytes
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -189,11 +223,17 @@ func (o Options) validate() error {
 	if o.CacheBytes < 0 {
 		problems = append(problems, fmt.Sprintf("CacheBytes %d is negative", o.CacheBytes))
 	}
+	if o.WriteBackInterval < 0 {
+		problems = append(problems, fmt.Sprintf("WriteBackInterval %s is negative", o.WriteBackInterval))
+	}
+	if o.WriteBackBytes < 0 {
+		problems = append(problems, fmt.Sprintf("WriteBackBytes %d is negative", o.WriteBackBytes))
+	}
 	if o.FlushBytes < 0 {
 		problems = append(problems, fmt.Sprintf("FlushBytes %d is negative", o.FlushBytes))
 	} else if o.PageBytes > 0 && o.PageBytes <= MaxPageBytes {
-		size, _ := batchLimits(o.PageBytes, o.FlushBytes)
-		if mt := memTableBytes(size); o.FlushBytes > MaxFlushBytes(o.PageBytes) {
+		size, _ := batchLimits(o.PageBytes, o.FlushBytes, o.valueThreshold())
+		if mt := memTableBytes(size); o.FlushBytes > maxFlushBytes(o.PageBytes, o.valueThreshold()) {
 			problems = append(problems, fmt.Sprintf(
 				"FlushBytes %d: a write batch of up to %d bytes needs a Badger memtable of %d bytes, above the %d-byte limit",
 				o.FlushBytes, size, mt, int64(maxMemTableBytes)))
@@ -212,11 +252,16 @@ func (o Options) validate() error {
 // smaller pages, whose keys weigh more. It returns 0 for a pageBytes out of
 // range.
 func MaxFlushBytes(pageBytes int) int64 {
+	// The InMemory store's threshold: its pages count whole, the most.
+	return maxFlushBytes(pageBytes, valueThresholdBytes)
+}
+
+func maxFlushBytes(pageBytes int, threshold int64) int64 {
 	if pageBytes < 1 || pageBytes > MaxPageBytes {
 		return 0
 	}
 	fits := func(flushBytes int64) bool {
-		size, count := batchLimits(pageBytes, flushBytes)
+		size, count := batchLimits(pageBytes, flushBytes, threshold)
 		mt := memTableBytes(size)
 		// Badger's MaxBatchCount is its MaxBatchSize over skl.MaxNodeSize.
 		return mt <= maxMemTableBytes && count < 15*mt/100/int64(skl.MaxNodeSize)
@@ -235,17 +280,39 @@ func MaxFlushBytes(pageBytes int) int64 {
 
 // batchLimits returns the largest Badger transaction, in Badger's own size
 // estimate and entry count, that a write batch of FlushBytes plus one page
-// (as PartitionState.DirtyBytes counts it) can produce for the longest topic
-// name. DirtyBytes counts a delta entry whole and a whole page as
-// PageBytes, so the size adds, per page, a whole page's key, header and
-// Badger's per-entry bytes; it counts every entry as at least
-// minDirtyBytes, which bounds the entries.
-func batchLimits(pageBytes int, flushBytes int64) (size, count int64) {
+// (as PartitionState.DirtyBytes counts it) can produce for the longest
+// topic name, with values of threshold bytes or more in the value log
+// (Badger's ValueThreshold). Its entries are the pages written whole
+// (DirtyBytes counts each as PageBytes) and those the write-back takes
+// (writeBackPages), each a key and a value or its pointer; one log entry,
+// at most the batch's bytes or a pointer; the metadata, checkpoint,
+// sequence number and Badger's commit marker.
+func batchLimits(pageBytes int, flushBytes, threshold int64) (size, count int64) {
 	pb := int64(pageBytes)
-	pages := (flushBytes+pb-1)/pb + 1
-	size = pages*(pb+pageBaseHeader+maxPageKeyBytes+entryOverheadBytes) + batchReserveBytes
-	least := minDirtyBytes(pageBytes)
-	return size, (flushBytes+pb+least-1)/least + 3 // + meta, checkpoint, Badger's commit marker
+	pages := (flushBytes+pb-1)/pb + 1 + writeBackPages(pageBytes, flushBytes)
+	value := pb + pageBaseHeader
+	if value >= threshold {
+		value = valuePointerBytes
+	}
+	logValue := min(flushBytes+pb, threshold)
+	size = pages*(value+maxPageKeyBytes+entryOverheadBytes) + logValue + maxLogKeyBytes + entryOverheadBytes + batchReserveBytes
+	return size, pages + 5
+}
+
+// writeBackPages is the most pages a write batch writes back (a write
+// batch's worth of FlushBytes, at least one).
+func writeBackPages(pageBytes int, flushBytes int64) int64 {
+	return max(1, flushBytes/int64(pageBytes))
+}
+
+// valueThreshold is Badger's ValueThreshold for o: PageBytes, so that
+// whole pages go to the value log, or Badger's largest for an InMemory
+// store.
+func (o Options) valueThreshold() int64 {
+	if o.InMemory {
+		return valueThresholdBytes
+	}
+	return int64(o.PageBytes)
 }
 
 // memTableBytes returns the Badger MemTableSize whose transaction limit
@@ -269,6 +336,8 @@ type tuning struct {
 	badgerOpen func(badger.Options) (*badger.DB, error)
 	// freeBytes, if set, replaces the statfs of the data directory.
 	freeBytes func(dir string) (uint64, error)
+	// now, if set, replaces time.Now for the write-back's clock.
+	now func() time.Time
 }
 
 // DB is the durable state of every topic-partition a worker owns: one Badger
@@ -289,6 +358,11 @@ type DB struct {
 
 	// batchSize and batchCount are the transaction a full write batch needs.
 	batchSize, batchCount int64
+	// writeBackPages is the most pages a write batch writes back.
+	writeBackPages int
+	// patchBytes is the patch bytes of every PartitionState's pending
+	// pages.
+	patchBytes atomic.Int64
 	// memTable is Badger's MemTableSize.
 	memTable int64
 
@@ -372,6 +446,9 @@ func open(opts Options, tn tuning) (*DB, error) {
 	if tn.freeBytes == nil {
 		tn.freeBytes = statfsFree
 	}
+	if tn.gcInterval == 0 {
+		tn.gcInterval = gcInterval
+	}
 	db := &DB{
 		opts:   opts,
 		where:  opts.Dir,
@@ -383,7 +460,8 @@ func open(opts Options, tn tuning) (*DB, error) {
 	if opts.InMemory {
 		db.where = "memory"
 	}
-	db.batchSize, db.batchCount = batchLimits(opts.PageBytes, opts.FlushBytes)
+	db.batchSize, db.batchCount = batchLimits(opts.PageBytes, opts.FlushBytes, opts.valueThreshold())
+	db.writeBackPages = int(writeBackPages(opts.PageBytes, opts.FlushBytes))
 	db.memTable = memTableBytes(db.batchSize)
 	db.cache = newPageCache(db.cachePages())
 
@@ -428,6 +506,9 @@ func badgerOptions(opts Options, memTable int64) badger.Options {
 		WithMemTableSize(memTable).
 		WithNumMemtables(numMemtables).
 		WithBaseTableSize(baseTableBytes).
+		WithNumCompactors(numCompactors).
+		WithValueThreshold(opts.valueThreshold()).
+		WithValueLogFileSize(valueLogFileBytes).
 		// Open verifies every table in full (checkDir); Badger verifies each
 		// block it reads from then on, and each value read from the value log.
 		WithChecksumVerificationMode(options.OnBlockRead).
@@ -607,6 +688,7 @@ func (db *DB) Partition(topic string, partition int32) (*PartitionState, error) 
 		tp:           tp,
 		prefix:       partitionPrefix(topic, partition),
 		dirty:        make(map[filter.PageID]*dirtyPage),
+		pending:      make(map[filter.PageID]*pendingPage),
 		prefetchSeen: make(map[filter.PageID]struct{}),
 	}
 	if err := p.load(); err != nil {
@@ -710,3 +792,26 @@ func (b badgerLogger) Warningf(f string, a ...any) {
 }
 func (b badgerLogger) Infof(f string, a ...any)  { b.log(slog.LevelDebug, f, a) }
 func (b badgerLogger) Debugf(f string, a ...any) { b.log(slog.LevelDebug-4, f, a) }
+
+// addPatchBytes counts n more patch bytes of pending pages.
+func (db *DB) addPatchBytes(n int64) { db.patchBytes.Add(n) }
+
+// patchShare is the patch bytes of pending pages one PartitionState may
+// hold before its write-back runs ahead of the interval: WriteBackBytes
+// shared equally by the open PartitionStates.
+func (db *DB) patchShare() int64 {
+	return db.opts.WriteBackBytes / max(1, db.openCount.Load())
+}
+
+// PatchBytes is the memory the logged changes of every PartitionState's
+// pending pages hold (bounded by Options.WriteBackBytes, which the
+// write-back follows). Safe for concurrent use.
+func (db *DB) PatchBytes() int64 { return db.patchBytes.Load() }
+
+// now is the time a write batch is committed at, for the write-back.
+func (db *DB) now() time.Time {
+	if db.tuning.now != nil {
+		return db.tuning.now()
+	}
+	return time.Now()
+}

@@ -397,11 +397,11 @@ func TestLayoutVersion(t *testing.T) {
 		got = v
 		return err
 	})
-	if err != nil || !bytes.Equal(got, []byte{0, 0, 0, 2}) {
-		t.Fatalf("layout version of a new store = %x, %v; want 00000002", got, err)
+	if err != nil || !bytes.Equal(got, []byte{0, 0, 0, 3}) {
+		t.Fatalf("layout version of a new store = %x, %v; want 00000003", got, err)
 	}
-	// Version 1 stored every page whole, without the base header.
-	if err := db.bdb.Update(func(txn *badger.Txn) error { return txn.Set(layoutKey, []byte{0, 0, 0, 1}) }); err != nil {
+	// Version 2 stored per-page deltas and a 4-byte base header.
+	if err := db.bdb.Update(func(txn *badger.Txn) error { return txn.Set(layoutKey, []byte{0, 0, 0, 2}) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Close(); err != nil {
@@ -410,10 +410,10 @@ func TestLayoutVersion(t *testing.T) {
 	db, err = Open(Options{Dir: dir, Logger: quiet})
 	if err == nil {
 		db.Close()
-		t.Fatal("Open of a version-1 store succeeded")
+		t.Fatal("Open of a version-2 store succeeded")
 	}
-	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "layout version 1 on disk, this build reads version 2") {
-		t.Errorf("Open of a version-1 store: %v; want ErrCorrupt naming versions 1 and 2", err)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "layout version 2 on disk, this build reads version 3") {
+		t.Errorf("Open of a version-2 store: %v; want ErrCorrupt naming versions 2 and 3", err)
 	}
 
 	// State without a version is refused too.
@@ -451,16 +451,23 @@ func TestFlushBytes(t *testing.T) {
 		opts         Options
 		wantMemTable int64 // 0: the open must fail
 	}{
-		// The least memtable over 100/15 of the batch, in whole MiB.
-		{"defaults", Options{}, 58 << 20},
-		{"large pages", Options{PageBytes: 256 << 10, FlushBytes: 4 << 20}, 29 << 20},
+		// The least memtable over 100/15 of the batch, in whole MiB. Whole
+		// pages are in the value log: the transaction holds their keys and
+		// pointers, a write batch's share of the write-back's too.
+		{"defaults", Options{}, 16 << 20},
+		{"large pages", Options{PageBytes: 256 << 10, FlushBytes: 4 << 20}, 16 << 20},
 		{"a small FlushBytes takes the least memtable", Options{FlushBytes: 1 << 20}, 16 << 20},
-		{"16 MiB raises the memtable", Options{FlushBytes: 16 << 20}, 115 << 20},
-		{"1 GiB is refused", Options{FlushBytes: 1 << 30}, 0},
+		{"64 MiB raises the memtable", Options{FlushBytes: 64 << 20}, 61 << 20},
+		{"4 GiB is refused", Options{FlushBytes: 4 << 30}, 0},
+		// Without a value log, pages count whole.
+		{"in memory", Options{InMemory: true}, 122 << 20},
+		{"in memory, 1 GiB is refused", Options{InMemory: true, FlushBytes: 1 << 30}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tt.opts.InMemory = true
+			if !tt.opts.InMemory {
+				tt.opts.Dir = t.TempDir()
+			}
 			tt.opts.Logger = quiet
 			db, err := Open(tt.opts)
 			if tt.wantMemTable == 0 {
@@ -533,17 +540,19 @@ func TestOptionsValidate(t *testing.T) {
 // exceeding Badger's transaction limit and once through the test hook, and
 // checks that memory and disk keep the previous write batch.
 func TestCommitFailureKeepsState(t *testing.T) {
-	const pb = 64 << 10
 	failHook := errors.New("injected failure")
 	tests := []struct {
 		name    string
+		pb      int
 		pages   int // dirty pages of the failing batch
 		hook    bool
 		wantErr error
 	}{
-		// 10 MiB of dirty pages; the default 64 MiB memtable admits under 9.6 MiB.
-		{"transaction too big", 160, false, ErrBatchTooBig},
-		{"error before Txn.Commit", 8, true, failHook},
+		// 100,000 whole pages, 3.4 MB of keys and value pointers; a
+		// FlushBytes of 64 KiB makes the least memtable, which admits
+		// under 2.4 MiB.
+		{"transaction too big", 64, 100_000, false, ErrBatchTooBig},
+		{"error before Txn.Commit", 64 << 10, 8, true, failHook},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -555,7 +564,8 @@ func TestCommitFailureKeepsState(t *testing.T) {
 				}
 				return nil
 			}}
-			opts := Options{Dir: dir, PageBytes: pb, FlushBytes: 1 << 20, CacheBytes: 4 * pb, Logger: quiet}
+			pb := tt.pb
+			opts := Options{Dir: dir, PageBytes: pb, FlushBytes: 64 << 10, CacheBytes: 4 * int64(pb), Logger: quiet}
 			db, err := open(opts, tn)
 			if err != nil {
 				t.Fatal(err)
@@ -773,8 +783,9 @@ func TestMetrics(t *testing.T) {
 		{"hits", m.cacheHits, 1},
 		{"misses", m.cacheMisses, 3},
 		{"page reads", m.pageReads, 1},
-		// page key 22 + base header 4 + 8, meta key 14 + 4, checkpoint key 14 + 12
-		{"commit bytes", m.commitBytes, 78},
+		// page key 22 + base header 8 + 8, meta key 14 + 4, checkpoint key
+		// 14 + 12, sequence-number key 14 + 8
+		{"commit bytes", m.commitBytes, 104},
 	} {
 		var got dto.Metric
 		if err := c.c.Write(&got); err != nil {
@@ -803,6 +814,7 @@ func TestMetrics(t *testing.T) {
 		"kdedup_store_dirty_page_bytes", "kdedup_store_dirty_page_peak_bytes", "kdedup_store_page_cache_capacity_bytes",
 		"kdedup_store_page_cache_hits_total", "kdedup_store_page_cache_misses_total",
 		"kdedup_store_page_reads_total", "kdedup_store_pages_consolidated_total", "kdedup_store_pages_reclaimed_total",
+		"kdedup_store_pages_written_back_total", "kdedup_store_patch_bytes",
 	}
 	if fmt.Sprint(names) != fmt.Sprint(want) {
 		t.Errorf("registered %v, want %v", names, want)
