@@ -85,7 +85,9 @@ type Config struct {
 	MemoryBytes   ByteSize      `env:"MEMORY_BYTES" envDefault:"0" doc:"Memory the whole worker may use, resident: the page cache, the dirty pages of all partitions, Badger's memtables, the Kafka fetch buffers and the Go soft memory limit are sized from it and logged at start-up; 0 takes 90% of the container's memory limit (cgroup), or 3GiB without one; too small to leave 16 pages of cache stops start-up naming the least that works"`
 	CacheBytes    ByteSize      `env:"CACHE_BYTES" envDefault:"0" doc:"Memory for cached filter pages, shared by all partitions, at least 16*PAGE_BYTES; 0 takes the cache's share of MEMORY_BYTES (what is left after the other parts); a value larger than that share is used as given and logged as a warning, since resident memory may then pass MEMORY_BYTES"`
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s" doc:"Longest time a changed page stays unwritten, 10ms to 1h"`
-	FlushBytes    ByteSize      `env:"FLUSH_BYTES" envDefault:"8MiB" doc:"Changed bytes that start a flush before FLUSH_INTERVAL ends, PAGE_BYTES to 128MiB, and at most what one Badger transaction holds (about 99MiB with 512B pages, 120MiB with 1KiB pages: one write batch is one transaction); dirty pages of all partitions are bounded together by MEMORY_BYTES, and Badger's memtables grow with this"`
+	FlushBytes    ByteSize      `env:"FLUSH_BYTES" envDefault:"8MiB" doc:"Changed bytes that start a flush before FLUSH_INTERVAL ends, PAGE_BYTES to 128MiB; dirty pages of all partitions are bounded together by MEMORY_BYTES"`
+	// WriteBackInterval is store.Options.WriteBackInterval.
+	WriteBackInterval time.Duration `env:"WRITE_BACK_INTERVAL" envDefault:"1m" doc:"Longest time a page's changes stay only in the partition's log before the page is written whole, 1s to 1h and at least FLUSH_INTERVAL: a restart after a crash applies about this much log, and a page is written whole about once per interval"`
 
 	// Snapshots in object storage.
 	SnapshotURL      string        `env:"SNAPSHOT_URL" envDefault:"" redact:"userinfo" doc:"Object store for snapshots of each partition's state, from which a partition moved to a worker without its state restores, replaying only the input after the snapshot: s3://bucket/prefix?region=R (and &endpoint=URL&use_path_style=true for S3-compatible servers), gs://bucket/prefix, azblob://container/prefix, or file:///path (a shared volume); credentials come from the cloud SDK's usual sources (environment, files, pod identity), never from this URL; empty disables snapshots"`
@@ -124,6 +126,8 @@ const (
 	maxFlushBytes          = 128 * MiB
 	minWindowSpan          = time.Second
 	minFlushInterval       = 10 * time.Millisecond
+	minWriteBackInterval   = time.Second
+	maxWriteBackInterval   = time.Hour
 	minTransactionInterval = time.Millisecond
 	maxFlushInterval       = time.Hour
 	minSessionTimeout      = time.Second
@@ -466,6 +470,11 @@ func (c Config) Validate() error {
 	}
 	if c.TransactionInterval < minTransactionInterval || c.TransactionInterval > maxFlushInterval {
 		v.add("TransactionInterval", c.TransactionInterval, fmt.Sprintf("must be from %s to %s", formatDuration(minTransactionInterval), formatDuration(maxFlushInterval)))
+	}
+	if c.WriteBackInterval < minWriteBackInterval || c.WriteBackInterval > maxWriteBackInterval {
+		v.add("WriteBackInterval", c.WriteBackInterval, fmt.Sprintf("must be from %s to %s", formatDuration(minWriteBackInterval), formatDuration(maxWriteBackInterval)))
+	} else if c.FlushInterval >= minFlushInterval && c.FlushInterval <= maxFlushInterval && c.WriteBackInterval < c.FlushInterval {
+		v.add("WriteBackInterval", c.WriteBackInterval, fmt.Sprintf("must be at least FLUSH_INTERVAL (%s)", formatDuration(c.FlushInterval)))
 	}
 	if c.FlushInterval < minFlushInterval || c.FlushInterval > maxFlushInterval {
 		v.add("FlushInterval", c.FlushInterval, fmt.Sprintf("must be from %s to %s", formatDuration(minFlushInterval), formatDuration(maxFlushInterval)))

@@ -103,7 +103,7 @@ func TestPageLimitsWithinOwners(t *testing.T) {
 		if err != nil {
 			t.Fatalf("page %v flush %v: config refuses: %v", page, flush, err)
 		}
-		db, err := store.Open(store.Options{InMemory: true, PageBytes: int(c.PageBytes), CacheBytes: int64(c.CacheBytes), FlushBytes: int64(c.FlushBytes)})
+		db, err := store.Open(store.Options{Dir: t.TempDir(), PageBytes: int(c.PageBytes), CacheBytes: int64(c.CacheBytes), FlushBytes: int64(c.FlushBytes)})
 		if err != nil {
 			t.Fatalf("page %v flush %v: config accepts, store.Open refuses: %v", page, flush, err)
 		}

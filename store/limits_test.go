@@ -14,22 +14,24 @@ func TestMaxFlushBytes(t *testing.T) {
 		if most < int64(pb) {
 			t.Fatalf("PageBytes %d: MaxFlushBytes %d is below one page", pb, most)
 		}
-		ok := Options{InMemory: true, PageBytes: pb, FlushBytes: most}.withDefaults()
+		ok := Options{Dir: "data", PageBytes: pb, FlushBytes: most}.withDefaults()
 		if err := ok.validate(); err != nil {
 			t.Errorf("PageBytes %d: FlushBytes %d (MaxFlushBytes) refused: %v", pb, most, err)
 		}
-		over := Options{InMemory: true, PageBytes: pb, FlushBytes: most + 1}.withDefaults()
+		over := Options{Dir: "data", PageBytes: pb, FlushBytes: most + 1}.withDefaults()
 		if err := over.validate(); err == nil {
 			t.Errorf("PageBytes %d: FlushBytes %d (MaxFlushBytes+1) accepted", pb, most+1)
 		}
 	}
-	if got := MaxFlushBytes(512); got >= 128<<20 {
-		t.Errorf("MaxFlushBytes(512) = %d: 128MiB would fit, yet a write batch of 512B pages that large needs a memtable above 1GiB", got)
+	// Smaller pages weigh more per byte of FlushBytes (keys and pointers).
+	if MaxFlushBytes(512) >= MaxFlushBytes(4096) {
+		t.Errorf("MaxFlushBytes(512) = %d, not below MaxFlushBytes(4096) = %d", MaxFlushBytes(512), MaxFlushBytes(4096))
 	}
 }
 
 // MaxPageBytes is the largest power of two the filter allows whose stored
-// value (page and header) stays under Badger's ValueThreshold.
+// value (page and header) stays under Badger's largest ValueThreshold
+// (an InMemory store, without a value log, keeps pages in its LSM tree).
 func TestMaxPageBytes(t *testing.T) {
 	if MaxPageBytes&(MaxPageBytes-1) != 0 || MaxPageBytes > filter.MaxPageBytes {
 		t.Fatalf("MaxPageBytes %d: not a power of two up to filter.MaxPageBytes %d", MaxPageBytes, filter.MaxPageBytes)

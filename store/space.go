@@ -10,9 +10,21 @@ import (
 )
 
 // writeReserve is the free space a write batch needs before the
-// compaction term: the batch plus the flush of every memtable.
+// compaction term: the batch as written to the value log (its whole
+// pages and log entry, batchDiskBytes) and to the memtable's log, plus
+// the flush of every memtable.
 func (db *DB) writeReserve() int64 {
-	return db.batchSize + numMemtables*(db.memTable+db.batchSize)
+	return db.batchDisk + db.batchSize + numMemtables*(db.memTable+db.batchSize)
+}
+
+// batchDiskBytes is the most a write batch of FlushBytes writes to the
+// value log with pages of pageBytes: its pages written whole (those the
+// batch dirtied and those the write-back takes), each with its key and
+// header, and a log entry of up to the batch's bytes.
+func batchDiskBytes(pageBytes int, flushBytes int64) int64 {
+	pb := int64(pageBytes)
+	pages := (flushBytes+pb-1)/pb + 1 + writeBackPages(pageBytes, flushBytes)
+	return pages*(pb+pageBaseHeader+maxPageKeyBytes) + flushBytes + pb + maxLogKeyBytes
 }
 
 // compactionBytes estimates the output of the next level-0 compaction from
@@ -54,7 +66,7 @@ func (db *DB) checkSpace(free uint64, need int64) error {
 		return nil
 	}
 	return fmt.Errorf("%w: data directory %s has %d bytes free, %d needed (a write batch of up to %d bytes, the level-0 tables of %d memtables of %d bytes, a compaction of %d bytes); free space on the volume or enlarge it",
-		ErrDiskFull, db.where, free, need, db.batchSize, numMemtables, db.memTable, need-db.writeReserve())
+		ErrDiskFull, db.where, free, need, db.batchDisk+db.batchSize, numMemtables, db.memTable, need-db.writeReserve())
 }
 
 // checkFreeSpace compares the free space, less what restores have

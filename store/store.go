@@ -252,8 +252,7 @@ func (o Options) validate() error {
 // smaller pages, whose keys weigh more. It returns 0 for a pageBytes out of
 // range.
 func MaxFlushBytes(pageBytes int) int64 {
-	// The InMemory store's threshold: its pages count whole, the most.
-	return maxFlushBytes(pageBytes, valueThresholdBytes)
+	return maxFlushBytes(pageBytes, int64(pageBytes))
 }
 
 func maxFlushBytes(pageBytes int, threshold int64) int64 {
@@ -299,11 +298,18 @@ func batchLimits(pageBytes int, flushBytes, threshold int64) (size, count int64)
 	return size, pages + 5
 }
 
-// writeBackPages is the most pages a write batch writes back (a write
-// batch's worth of FlushBytes, at least one).
+// writeBackPages is the most pages a write batch writes back: half a
+// write batch's worth of FlushBytes, at least one and at most
+// maxWriteBackPages.
 func writeBackPages(pageBytes int, flushBytes int64) int64 {
-	return max(1, flushBytes/int64(pageBytes))
+	return min(max(1, flushBytes/int64(pageBytes)/2), maxWriteBackPages)
 }
+
+// maxWriteBackPages bounds the pages one write batch writes back: 4 MiB
+// of 4 KiB pages. At 100 million keys a worker's pages (about 82,000 of
+// 4 KiB) are written back once a WriteBackInterval, about 1,400 a second
+// at the default.
+const maxWriteBackPages = 1024
 
 // valueThreshold is Badger's ValueThreshold for o: PageBytes, so that
 // whole pages go to the value log, or Badger's largest for an InMemory
@@ -358,8 +364,10 @@ type DB struct {
 
 	// batchSize and batchCount are the transaction a full write batch needs.
 	batchSize, batchCount int64
-	// writeBackPages is the most pages a write batch writes back.
+	// writeBackPages is the most pages a write batch writes back;
+	// batchDisk the most a write batch writes to the value log.
 	writeBackPages int
+	batchDisk      int64
 	// patchBytes is the patch bytes of every PartitionState's pending
 	// pages.
 	patchBytes atomic.Int64
@@ -462,6 +470,9 @@ func open(opts Options, tn tuning) (*DB, error) {
 	}
 	db.batchSize, db.batchCount = batchLimits(opts.PageBytes, opts.FlushBytes, opts.valueThreshold())
 	db.writeBackPages = int(writeBackPages(opts.PageBytes, opts.FlushBytes))
+	if !opts.InMemory {
+		db.batchDisk = batchDiskBytes(opts.PageBytes, opts.FlushBytes)
+	}
 	db.memTable = memTableBytes(db.batchSize)
 	db.cache = newPageCache(db.cachePages())
 

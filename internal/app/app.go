@@ -177,6 +177,8 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 		FlushBytes: int64(cfg.FlushBytes),
 		Logger:     log,
 		Registerer: reg,
+
+		WriteBackInterval: cfg.WriteBackInterval,
 	}
 	dmg := newDamaged(cfg.DataDir, reg, log)
 	dmg.measure()

@@ -25,11 +25,11 @@
 //	           restores and replays run at once, 1 to 8
 //	cache    = live - runtime - store - fetch - decompress - dirty - restore
 //
-// At the default FLUSH_BYTES, whose Badger takes about 1.3 GiB, a 3 GiB
-// container (T = 2.7 GiB) gets a cache of about 556 MiB (one restore at a
-// time, 70 MiB), and a 2 GiB container is too small; with
-// FLUSH_BYTES=2MiB Badger takes about 420 MiB and a 2 GiB container gets
-// about 717 MiB. The figures behind the
+// At the default FLUSH_BYTES the store takes about 440 MiB (Badger's
+// 16 MiB memtables, block cache and table builders, and the pending
+// pages' patches: store.Options.MemoryBytes); a 3 GiB
+// container (T = 2.7 GiB) gets a cache of about 1,474 MiB, a 2 GiB
+// container (T = 1.8 GiB) about 768 MiB. The figures behind the
 // shares are in BENCHMARKS.md ("Memory budget").
 package budget
 

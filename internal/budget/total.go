@@ -15,8 +15,8 @@ const (
 	ContainerRatio = 0.9
 	// DefaultTotalBytes is the budget when neither KDEDUP_MEMORY_BYTES nor
 	// a container memory limit sets one: the chart's container less its
-	// 10%, rounded up, which leaves the page cache about 860 MiB at the
-	// default FLUSH_BYTES (Badger's share is about 1.3 GiB, see
+	// 10%, rounded up, which leaves the page cache about 1.7 GiB at the
+	// default FLUSH_BYTES (the store's share is about 440 MiB, see
 	// store.Options.MemoryBytes).
 	DefaultTotalBytes = 3 << 30
 )
