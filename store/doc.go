@@ -6,9 +6,10 @@
 // # Write batches
 //
 // A write batch is one Badger transaction (Txn, not WriteBatch, whose
-// internal flushes are not atomic) holding what changed in every page a
-// PartitionState dirtied since its previous write batch (a delta or the whole
-// page; see Page deltas), the chain metadata and the checkpoint.
+// internal flushes are not atomic) holding one log entry with what changed
+// in the pages a PartitionState dirtied since its previous write batch,
+// the pages it writes whole (see The log and the write-back), the chain
+// metadata, the checkpoint and the write batch's sequence number.
 // After a crash a partition's state is therefore exactly that of its last
 // committed write batch, whose checkpoint says where to resume reading the
 // input. Writes are not fsynced: a killed process loses nothing Badger
@@ -17,7 +18,10 @@
 // the input from the checkpoint repairs that) but none is torn.
 //
 // Badger refuses a transaction of 15% of its memtable or more, so Open sizes
-// the memtable for Options.FlushBytes.
+// the memtable for Options.FlushBytes: whole pages and large log entries
+// are in Badger's value log (ValueThreshold is PageBytes), so a
+// transaction holds their keys and pointers, and the memtable stays at its
+// least, 16 MiB, at the default FlushBytes.
 //
 // # Page cache
 //
@@ -46,10 +50,8 @@
 // lookups). The pages are read in key order, each of PrefetchWorkers
 // goroutines (a few more than cores, enough to keep a disk's queue full)
 // taking a contiguous run of them through one Badger read-only
-// transaction and one iterator that seeks from page to page (Badger runs
-// any number concurrently), so that the iterator over the memtables and
-// every level's tables is built once per run rather than once per page;
-// they are bounded by PrefetchLimit pages per call: half the cache
+// transaction (Badger runs any number concurrently), a point lookup of
+// each page's base and its patch applied; they are bounded by PrefetchLimit pages per call: half the cache
 // shared by the open Partitions, so that the pages prefetched by every
 // partition fit together and none is evicted before the record that needs
 // it. A dirty page is never read (its stored copy is older), and the cache
@@ -63,112 +65,102 @@
 // Keys are binary, integers big-endian, and all keys of one topic-partition
 // share one prefix, so that Badger's DropPrefix can remove a partition:
 //
-//	'v'                                           layout version: uint32 (2)
+//	'v'                                           layout version: uint32 (3)
 //	't' | uint16 len(topic) | topic | int32 part  partition prefix P
 //	P | 'm'                                       chain metadata (opaque)
 //	P | 'c'                                       checkpoint: int64 offset | int32 leader epoch
-//	P | 'p' | uint32 sub-filter | uint32 page     page base K: uint32 sequence | page bytes (PageBytes)
-//	K | uint32 sequence                           page delta: runs of uvarint gap | uvarint length | bytes
-//	P | 'd' | uint32 sub-filter                   sub-filter dropped, pages not yet deleted (empty value)
+//	P | 's'                                       sequence number of the last write batch: uint64
+//	P | 'p' | uint32 sub-filter | uint32 page     page base: uint64 floor | page bytes (PageBytes)
+//	P | 'l' | uint64 sequence                     log entry: int64 unix nanos | records
+//	P | 'd' | uint32 sub-filter                   sub-filter dropped by write batch uint64 (value)
 //	P | 'i'                                       Import not finished: the partition has no state (empty value)
 //	P | 'o'                                       origin: uint16 len | topic ID | uint16 len | cluster ID (origin.go)
+//
+// A log record is uint32 sub-filter | uint32 page | uvarint length |
+// delta, a delta the changed runs of a page, each uvarint gap from the
+// end of the previous run | uvarint length | bytes.
 //
 // The origin key is optional: state written before origins were recorded
 // has none, and the consumer adopts it with its topic's current IDs.
 //
-// Layout version 1 stored every page whole under K without a sequence
-// number; Open refuses it like any other version (ErrCorrupt), and the
-// state is rebuilt by replaying the input.
+// Layout versions 1 (pages whole) and 2 (a delta entry per page and write
+// batch) are refused by Open like any other version (ErrCorrupt and
+// ErrLayoutVersion): the state is rebuilt by replaying the input, or
+// restored from a snapshot, whose format does not depend on the layout.
 //
-// # Page deltas
+// # The log and the write-back
 //
 // At a realistic record rate a write batch changes a few slots of each
-// page it touches: with 20 million keys, 50,000 records a second over four
-// partitions and a one-second write batch, about three records per 4 KiB
-// page. Writing the page whole handed Badger 1.5 KB per record and wrote 3.9
-// KB to disk, sixty times an exact key set. So the filter reports the bytes
-// each slot change touched (filter.Pager.MarkChanged: the bytes a slot
-// shares with its neighbours included), and a write batch persists, per
-// dirty page, one delta entry: the changed runs of bytes, runs closer than
-// a run header merged. A page is stored as a base entry (absent while the
-// page has never been written whole: zeros) and the deltas written since,
-// under the base's key followed by a sequence number, so that one prefix
-// iteration reads the base and then the deltas in the order they apply.
-// A PartitionState keeps what it last learnt of each page's stored entries
-// (the base's sequence number and the live deltas', from a read or its own
-// write batch) after the page leaves the cache, and reads a page known to
-// have at most maxPointDeltas live deltas by a point lookup of each entry
-// instead: Badger's Get skips every table whose bloom filter rules the key
-// out and stops at the entry, where an iterator seeks in a table of every
-// level and reads past the page's last entry. With the state 4x the page
-// cache most pages read are those of older sub-filters, whose deltas were
-// folded in long ago (BENCHMARKS.md, "Page reads by point lookups"). What
-// it knows is lost when the PartitionState closes, so the first read of
-// each page after Open lists its entries.
+// page it touches, and at 100 million keys a worker it touches a
+// different page for nearly every record: 12,500 changes over 35,000
+// pages of a partition a second. A Badger entry per changed page (the
+// per-page deltas of layout version 2) then made every record an entry
+// of its own, with its memtable insert, level-0 table and compactions:
+// 30 to 40% of the CPU and 42% of a replay at 100M keys. So the filter
+// reports the bytes each slot change touched (filter.Pager.MarkChanged:
+// the bytes a slot shares with its neighbours included), and a write
+// batch writes one log entry: for each page it changed, the changed runs
+// of bytes, runs closer than a run header merged (a redo log of page
+// runs, as ARIES and every write-ahead log has: the checkpoint, the
+// metadata and the log commit together, so the durable state is always
+// a whole write batch).
 //
-// Consolidation bounds the deltas: when a page's live deltas would pass
-// half a page (maxDeltaBytes, keys included), the write batch writes the
-// page whole instead, its header naming the last sequence number it folds
-// in. A page is therefore rewritten only after at least half a page of
-// deltas, so a change costs at most three times its delta bytes amortized,
-// and a read on a cache miss reads at most one and a half pages. The
-// folded deltas are obsolete as soon as that write batch commits (reads
-// skip sequence numbers at or below the base's); a WriteBatch deletes them
-// after the commit, outside the transaction and its size limit, and one
-// left by a crash is deleted when its page is next rewritten whole. Pages
-// written whole by the caller (MarkDirty), and pages whose changes pass
-// half a page within one write batch, skip the delta.
+// A page is stored whole as a base whose header names its floor: the
+// last write batch whose changes of the page it holds. A page with
+// changes in the log after its floor is pending: its PartitionState keeps
+// those changes in memory as the page's patch (about ten bytes a change),
+// so that reading it on a cache miss is one point lookup of its base and
+// the patch applied, whatever the log holds. The write-back writes
+// pending pages whole, in the transaction of a later write batch (their
+// floor is that write batch), oldest first: each page pending for
+// Options.WriteBackInterval (default 1 minute), and older ones still
+// while the patches of the partition pass its share of
+// Options.WriteBackBytes (default 64 MiB for the DB), at most
+// maxWriteBackPages a write batch. After the write batch commits, the log
+// entries before the oldest write batch any page is still pending since
+// are deleted (a WriteBatch outside the transaction: a torn delete leaves
+// entries every page is past, which the next write batch deletes). A
+// change thus costs its log bytes once and, amortized, a page written per
+// interval however many changes the page took meanwhile: at 100M keys and
+// 50,000 records a second, a page of 4 KiB per page a minute, about 60
+// bytes a record, where per-page deltas wrote 1.5 KB. Pages written whole
+// by the caller (MarkDirty: a split) and pages whose patch would pass
+// half a page skip the log.
 //
-// The alternative, a per-partition redo log of slot changes committed with
-// the checkpoint and pages written back lazily (fuzzy checkpoints), writes
-// slightly fewer bytes per change but needs page sequence numbers in every
-// page, a bounded redo pass at every PartitionState open and a write-back
-// scheduler: three new mechanisms where deltas need none, since a page and
-// its deltas are read together and the existing write batch, drop (prefix
-// deletion of a sub-filter removes its deltas too) and crash guarantees
-// carry over unchanged.
-//
-// Memory for uncommitted changes is proportional to the changes: a dirty
-// page keeps the runs changed since its last write batch, a run widened
-// when a change touches the last one, beside the page bytes it held before;
-// a page bound to be rewritten whole at the next write batch (its runs, or
-// its runs and live deltas, pass half a page) drops its runs, and the
-// chain reports a page changed by a long eviction walk whole. Each clean
-// page in the cache carries its base and delta sequence numbers and delta
-// bytes, so a write batch chooses between delta and whole page without
-// reading Badger.
+// Opening a partition reads its log and rebuilds the pending pages:
+// for each record after its page's floor (one point lookup of the base
+// per page the log names), the patch. The log holds about
+// WriteBackInterval of write batches (more while WriteBackBytes is not
+// reached by an idle partition: the worker writes an idle partition's
+// pages back, ConsolidateStep), so recovery after a crash reads at most
+// that much: at 50,000 records a second about 30 MB, a second or two.
+// Export applies the log the same way at its read timestamp.
 //
 // PartitionState.DirtyBytes counts what the write batch will write: a page
-// written whole as PageBytes, a delta as an upper bound of its entry (key,
-// runs with their headers, Badger's per-entry bytes), but at least a
-// quarter of a page, so that the dirty pages a batch cut at
-// Options.FlushBytes holds outside the cache stay within four times
-// FlushBytes and its entries within four per page of it (Badger limits
-// both bytes and entries). Batches of deltas thus hold up to four times as
-// many pages before FlushBytes cuts them: with 20 million keys at 50,000
-// records a second, the flush interval cuts them, where whole pages filled
-// 8 MiB three times a second; and a replay flat out into 5 million keys a
-// partition writes a delta entry per several records, not one per record.
+// written whole as PageBytes, a logged page as an upper bound of its
+// record, but at least a quarter of a page, so that the dirty pages a
+// batch cut at Options.FlushBytes holds outside the cache stay within
+// four times FlushBytes.
 //
-// At rest, live deltas add up to half a page per page (about a quarter on
-// average in steady state). PartitionState.ConsolidateStep folds them into their
-// pages, a bounded write batch at a time, and PartitionState.Consolidate all of
-// them; with Badger's compaction the state at rest is then its page bytes.
-// The worker (consumer) takes a step per flush interval on a partition idle
-// for ten of them: an idle partition has the time, and a busy one would
-// write its pages whole again soon after.
+// PartitionState.ConsolidateStep writes pending pages back whatever their
+// age, a bounded write batch at a time, and PartitionState.Consolidate all
+// of them: the state at rest is then its page bytes and an empty log.
+// The worker (consumer) takes a step per flush interval on a partition
+// idle for ten of them.
 //
 // # Dropped sub-filters
 //
 // When a dedup window expires a generation, the chain hands its sub-filters
 // to PartitionState.Drop. The write batch that commits metadata without them
-// also writes a 'd' marker per sub-filter; after it commits, the
-// sub-filter's pages are deleted (Badger prefix iteration and deletes in a
-// WriteBatch, whose partial flushes are harmless here: nothing refers to
-// those pages any more) and the marker last. A crash in between leaves the
-// marker, and the next PartitionState open finishes the deletion. Sub-filter IDs
-// are never reused, so deleting late never races a new sub-filter. The
-// space is reclaimed by compaction and value-log GC.
+// also writes a 'd' marker per sub-filter, naming the write batch; after it
+// commits, the sub-filter's pages are deleted (Badger prefix iteration and
+// deletes in a WriteBatch, whose partial flushes are harmless here:
+// nothing refers to those pages any more), and the marker once no log
+// entry from before the drop is stored: replaying the log at open skips
+// the records of a sub-filter with a marker. A crash in between leaves the
+// marker, and the next PartitionState open finishes the deletion.
+// Sub-filter IDs are never reused, so deleting late never races a new
+// sub-filter. The space is reclaimed by compaction and value-log GC.
 //
 // Open writes the layout version into an empty database and refuses any
 // other version.
@@ -188,7 +180,10 @@
 // kdedup_store_corruptions_total, and fails the read. Badger's point
 // lookups skip a table block that fails its checksum while running as if
 // it held no key; such damage, appearing after Open, is caught at the next
-// Open.
+// Open. Pages and log entries are in the value log, whose last file Badger
+// reads through at Open (a damaged one is refused there) and whose other
+// files it reads value by value: a damaged page there fails its read
+// (TestDamagedPageInValueLog), and the partition stops.
 //
 // Table files without a MANIFEST are refused rather than opened: Badger
 // would delete them as orphans and open the memtable logs left, the last
@@ -197,14 +192,16 @@
 //
 // # Free space
 //
-// Badger writes its memtable log and its tables through memory maps of
-// files it sizes without allocating them. When the filesystem runs out of
+// Badger writes its memtable log, its value log and its tables through
+// memory maps of files it sizes without allocating them. When the filesystem runs out of
 // space such a write is not an error but a SIGBUS that kills the process,
 // and again at every restart. So Open and every Commit compare the free
 // space of the filesystem (statfs: blocks available to the process) with
 // what Badger may soon write, and return ErrDiskFull before it writes:
 //
-//   - the write batch itself, in the memtable log;
+//   - the write batch itself: its whole pages (those it dirtied and those
+//     the write-back takes) and its log entry in the value log, and its
+//     keys, pointers and small values in the memtable log;
 //   - the level-0 table of each of the numMemtables memtables, written when
 //     it is flushed (a memtable fills to MemTableSize plus at most one write
 //     batch) before its log is deleted; Close flushes too;
@@ -214,8 +211,9 @@
 // Deeper compactions merge one table with the part of the next level it
 // overlaps and can need more, so the metrics kdedup_store_free_bytes and
 // kdedup_store_required_free_bytes are there to alert well before. The
-// value log holds only values of ValueThreshold (1 MiB) or more, and pages
-// are at most MaxPageBytes, so it holds its 20-byte header only: its
-// ValueLogFileSize (1 GiB, mapped at twice that) reserves address space,
-// not disk, and is left at Badger's default.
+// value log grows by the pages the write-back rewrites, about the state's
+// page bytes per WriteBackInterval at a steady record rate, and its
+// older files turn to garbage as the same pages are written again:
+// value-log GC (every minute, a file at least half garbage at a time)
+// returns their space. Its files are 256 MiB (valueLogFileBytes).
 package store

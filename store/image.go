@@ -32,7 +32,7 @@ type Image struct {
 // Export reads the committed state of tp as of one Badger read timestamp,
 // so as of one whole write batch, whatever write batches commit while it
 // runs: header gets the image's metadata and checkpoint, then page gets
-// every stored page of a live sub-filter with its deltas folded in, in
+// every stored page of a live sub-filter with its logged changes applied, in
 // (sub-filter, page) order. A page never written is all zeros and not
 // exported; pages of a dropped sub-filter are not exported. data is
 // PageBytes long and reused after page returns. found is false (and
@@ -327,7 +327,7 @@ func (p *PartitionState) Import(img Image, pages func(put func(id filter.PageID,
 }
 
 // deleteImported deletes every key of p's partition but the import marker:
-// pages, deltas and dropped-sub-filter markers of the state an import
+// pages, log entries and dropped-sub-filter markers of the state an import
 // replaces, or of an import a crash cut short. Deletes go through a
 // WriteBatch, not Badger's DropPrefix, which would block every partition's
 // write batches while it runs.

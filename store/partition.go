@@ -308,8 +308,8 @@ func (p *PartitionState) Checkpoint() (Checkpoint, bool) { return p.cp, p.hasCP 
 // must then call MarkChanged or MarkDirty before its next call to Page,
 // since an unmarked clean page can be evicted from the cache (and its
 // changes lost) at any time. A stored entry that cannot be right (a base of
-// the wrong length, a delta out of the page or out of sequence) returns
-// ErrCorrupt; after Close, ErrClosed.
+// the wrong length or of a floor past its logged changes, a patch run out
+// of the page) returns ErrCorrupt; after Close, ErrClosed.
 func (p *PartitionState) Page(id filter.PageID) ([]byte, error) {
 	// The chain asks again for the page it read last (an insert reads the
 	// newest sub-filter's page in its lookup, then to place the key): found
@@ -433,8 +433,8 @@ func (p *PartitionState) MarkDirty(id filter.PageID, page []byte) {
 }
 
 // MarkChanged records that bytes [off, off+n) of page, the slice Page
-// returned for id, were modified; the next Commit persists the changed
-// bytes of the page as a delta, or the whole page (see the package
+// returned for id, were modified; the next Commit logs the changed
+// bytes of the page, or writes the whole page (see the package
 // comment). A range outside the page counts as MarkDirty. Until then the
 // page is held outside the cache and never evicted. It has no effect after
 // Close.
@@ -513,9 +513,8 @@ func (p *PartitionState) Drop(subFilter uint32) {
 
 // DirtyBytes returns the size of the write batch the changes since the last
 // successful Commit (or Discard) make: PageBytes for a page written whole,
-// and for a page written as a delta an upper bound of the delta entry's
-// key, value and Badger's per-entry bytes, at least a quarter of a page
-// (minDirtyBytes). A page counts at most PageBytes, so that a write batch
+// and for a logged page an upper bound of its log record, at least a
+// quarter of a page (minDirtyBytes). A page counts at most PageBytes, so that a write batch
 // cut when DirtyBytes reaches Options.FlushBytes stays within the Badger
 // transaction Open sized for it, and at least a quarter of it, so that the
 // dirty pages it holds take at most four times FlushBytes.

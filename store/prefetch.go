@@ -13,7 +13,7 @@ import (
 )
 
 // PrefetchWorkers is the most Badger reads one PartitionState.Prefetch has in
-// flight at once. Each read is a point lookup of a page and its deltas that
+// flight at once. Each read is a point lookup of a page's base that
 // mostly waits on the OS (a page-cache miss in Badger's memory-mapped
 // tables, or a block read and its checksum); a few more readers than cores
 // keep the disk queue busy without a goroutine per page.
@@ -73,10 +73,8 @@ func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 	p.misses += uint64(len(want))
 	p.db.metrics.cacheMisses.Add(float64(len(want)))
 
-	// In key order, each worker reads a contiguous run of the pages
-	// through one Badger iterator, seeking from page to page: building an
-	// iterator over the memtables and every level's tables cost more than
-	// the read itself (BENCHMARKS.md, "Page reads at 4x the page cache").
+	// In key order, each worker reads a contiguous run of the pages, a
+	// point lookup each, in one read-only transaction.
 	slices.SortFunc(want, func(a, b filter.PageID) int {
 		return cmp.Or(cmp.Compare(a.SubFilter, b.SubFilter), cmp.Compare(a.Page, b.Page))
 	})

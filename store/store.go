@@ -148,14 +148,15 @@ type Options struct {
 	// FlushBytes is the largest write batch, as PartitionState.DirtyBytes counts
 	// it, that one Badger transaction must hold (default 8 MiB); the caller
 	// commits once DirtyBytes exceeds it, so a batch holds up to FlushBytes
-	// plus one page. A page written whole counts PageBytes, one written as a
-	// delta a quarter of a page or its entry if larger, so a batch holds
+	// plus one page. A page written whole counts PageBytes, a logged one a
+	// quarter of a page or its log record if larger, so a batch holds
 	// dirty pages of at most four times FlushBytes. Badger refuses a
 	// transaction of 15% of its memtable or more, so Open raises MemTableSize
-	// above Badger's default of 64 MiB when FlushBytes needs it, and returns
-	// ErrInvalidOptions when that would exceed 1 GiB (FlushBytes above
-	// roughly 140 MiB with 4 KiB pages). Page keys count at their longest (a
-	// 249-byte topic), which dominates with pages of a few hundred bytes.
+	// above its least, 16 MiB, when FlushBytes needs it, and returns
+	// ErrInvalidOptions when that would exceed 1 GiB (MaxFlushBytes: about
+	// 1 GiB with 4 KiB pages, less with small pages, and with InMemory,
+	// whose pages count whole). Keys count at their longest (a 249-byte
+	// topic).
 	FlushBytes int64
 	// Logger receives the store's logs and Badger's (default slog.Default()).
 	// Badger's info messages are logged at debug level, its debug messages
@@ -298,18 +299,19 @@ func batchLimits(pageBytes int, flushBytes, threshold int64) (size, count int64)
 	return size, pages + 5
 }
 
-// writeBackPages is the most pages a write batch writes back: half a
-// write batch's worth of FlushBytes, at least one and at most
+// writeBackPages is the most pages a write batch writes back: a write
+// batch's worth of FlushBytes, at least one and at most
 // maxWriteBackPages.
 func writeBackPages(pageBytes int, flushBytes int64) int64 {
-	return min(max(1, flushBytes/int64(pageBytes)/2), maxWriteBackPages)
+	return min(max(1, flushBytes/int64(pageBytes)), maxWriteBackPages)
 }
 
-// maxWriteBackPages bounds the pages one write batch writes back: 4 MiB
-// of 4 KiB pages. At 100 million keys a worker's pages (about 82,000 of
-// 4 KiB) are written back once a WriteBackInterval, about 1,400 a second
-// at the default.
-const maxWriteBackPages = 1024
+// maxWriteBackPages bounds the pages one write batch writes back: 16 MiB
+// of 4 KiB pages, 1.2 MB of keys and pointers in its transaction. At 100
+// million keys a worker's pages (about 82,000 of 4 KiB) are written back
+// once a WriteBackInterval, about 1,400 a second at the default; a replay
+// flat out needs more, to keep the patches within WriteBackBytes.
+const maxWriteBackPages = 4096
 
 // valueThreshold is Badger's ValueThreshold for o: PageBytes, so that
 // whole pages go to the value log, or Badger's largest for an InMemory
@@ -344,6 +346,8 @@ type tuning struct {
 	freeBytes func(dir string) (uint64, error)
 	// now, if set, replaces time.Now for the write-back's clock.
 	now func() time.Time
+	// valueLogFileBytes, if set, replaces valueLogFileBytes.
+	valueLogFileBytes int64
 }
 
 // DB is the durable state of every topic-partition a worker owns: one Badger
@@ -477,6 +481,9 @@ func open(opts Options, tn tuning) (*DB, error) {
 	db.cache = newPageCache(db.cachePages())
 
 	bo := badgerOptions(opts, db.memTable)
+	if tn.valueLogFileBytes > 0 {
+		bo = bo.WithValueLogFileSize(tn.valueLogFileBytes)
+	}
 	if !opts.InMemory {
 		if err := db.checkBeforeOpen(bo); err != nil {
 			return nil, db.refused(err)
