@@ -137,6 +137,7 @@ storage:
   cacheBytes: 512MiB
   flushInterval: 2s
   flushBytes: 16MiB
+  writeBackInterval: 3m
 log:
   level: debug
   format: text
@@ -201,6 +202,7 @@ var allValuesEnv = map[string]string{
 	"KDEDUP_CACHE_BYTES":          "512MiB",
 	"KDEDUP_FLUSH_INTERVAL":       "2s",
 	"KDEDUP_FLUSH_BYTES":          "16MiB",
+	"KDEDUP_WRITE_BACK_INTERVAL":  "3m",
 	"KDEDUP_HTTP_ADDR":            ":9090",
 	"KDEDUP_PPROF":                "true",
 	"KDEDUP_SNAPSHOT_URL":         "s3://snaps/kdedup?region=eu-west-1",
@@ -326,8 +328,8 @@ func TestChartMemoryFromTheLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := int64(556 << 20); s.Cache < want*95/100 || s.Cache > want*105/100 {
-		t.Errorf("page cache %d MiB under the default 3Gi limit; values.yaml says about 556MiB", s.Cache>>20)
+	if want := int64(1400 << 20); s.Cache < want*95/100 || s.Cache > want*105/100 {
+		t.Errorf("page cache %d MiB under the default 3Gi limit; values.yaml says about 1400MiB", s.Cache>>20)
 	}
 }
 

@@ -215,6 +215,7 @@ is set, in the order of `kdedup run -h`, then extraEnv.
   (list "KDEDUP_CACHE_BYTES" $s.cacheBytes)
   (list "KDEDUP_FLUSH_INTERVAL" $s.flushInterval)
   (list "KDEDUP_FLUSH_BYTES" $s.flushBytes)
+  (list "KDEDUP_WRITE_BACK_INTERVAL" $s.writeBackInterval)
   (list "KDEDUP_SNAPSHOT_URL" .Values.snapshots.url)
   (list "KDEDUP_SNAPSHOT_INTERVAL" .Values.snapshots.interval)
   (list "KDEDUP_SNAPSHOT_KEEP" .Values.snapshots.keep)
