@@ -371,3 +371,40 @@ func TestCommitWritesOneLogEntry(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteBackBoundsPatchBytes: with the interval far off, the
+// write-back still keeps a partition's patches within its share of
+// WriteBackBytes plus what one write batch logs, writing the oldest
+// pending pages whole; without that bound the patches of a partition
+// that changes more pages than its share holds grow with every batch.
+func TestWriteBackBoundsPatchBytes(t *testing.T) {
+	const pb, share = 4096, 32 << 10
+	db := openT(t, Options{Dir: t.TempDir(), PageBytes: pb, WriteBackInterval: time.Hour, WriteBackBytes: share, Logger: quiet})
+	p := partitionT(t, db, "orders", 2)
+	defer p.Close()
+	rng := rand.New(rand.NewPCG(5, 6))
+	var most int64
+	for batch := range 200 {
+		for range 300 {
+			id := filter.PageID{Page: rng.Uint32N(2000)}
+			pg := mustPage(t, p, id)
+			off := rng.IntN(pb - 4)
+			pg[off] ^= 0xa5
+			p.MarkChanged(id, pg, off, 1)
+		}
+		// A one-byte change logs a record of at most 8 bytes (a length, a
+		// run's gap and length, the byte) beside its page ID.
+		logged := int64(16 * p.DirtyPages())
+		if err := p.Commit([]byte("meta"), Checkpoint{Offset: int64(batch)}); err != nil {
+			t.Fatal(err)
+		}
+		if p.patchBytes > share+logged {
+			t.Fatalf("after write batch %d: %d patch bytes, share %d plus the batch's %d", batch, p.patchBytes, share, logged)
+		}
+		most = max(most, p.patchBytes)
+	}
+	if n := counterValue(t, db.metrics.writtenBack); n == 0 {
+		t.Fatal("nothing written back")
+	}
+	t.Logf("at most %d patch bytes, share %d", most, share)
+}
