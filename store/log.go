@@ -75,8 +75,14 @@ type dirtyPage struct {
 	spans []span
 	raw   int // bytes the spans would encode to at most
 	whole bool
-	// patched is the page's patch bytes (pendingPage) when it was marked.
+	// pend is the page's pendingPage when it was marked (nil if none),
+	// patched its patch bytes; ch and slot its page-table slot; clean the
+	// cachedPage it was, reused when the write batch caches it again.
+	pend    *pendingPage
 	patched int
+	ch      *pageChunk
+	slot    int
+	clean   *cachedPage
 	// batchBytes is the page's share of PartitionState.DirtyBytes.
 	batchBytes int64
 }
@@ -374,7 +380,7 @@ func (p *PartitionState) replayLog(txn *badger.Txn, dropped []dropMarker) error 
 				pp := p.pending[id]
 				if pp == nil {
 					pp = &pendingPage{since: seq}
-					p.pending[id] = pp
+					p.setPending(id, pp)
 					b.ids = append(b.ids, id)
 				}
 				pp.patch = append(pp.patch, rec...)
@@ -393,6 +399,9 @@ func (p *PartitionState) replayLog(txn *badger.Txn, dropped []dropMarker) error 
 		if len(b.ids) > 0 {
 			p.queue = append(p.queue, b)
 		}
+	}
+	for id, pp := range p.pending {
+		p.setPending(id, pp) // the patch's final length
 	}
 	p.db.addPatchBytes(p.patchBytes)
 	return nil
@@ -453,10 +462,41 @@ func (p *PartitionState) ConsolidateStep(maxBytes int64) (more bool, err error) 
 }
 
 // forgetLog forgets what p knows of its stored log, pending pages and
-// dropped sub-filters: its state is being replaced or closed.
+// dropped sub-filters: its state is being replaced or closed. p has no
+// dirty page (Discard first).
 func (p *PartitionState) forgetLog() {
 	p.db.addPatchBytes(-p.patchBytes)
 	p.reclaim, p.markers, p.queue, p.logSeqs = nil, nil, nil, nil
 	p.pending = make(map[filter.PageID]*pendingPage)
 	p.patchBytes, p.seq = 0, 0
+	p.dropCached()
+}
+
+// pendingOf returns page id's pendingPage, or nil.
+func (p *PartitionState) pendingOf(id filter.PageID) *pendingPage {
+	if ch, i := p.table.slot(id, false); ch != nil {
+		return ch.pend[i]
+	}
+	return nil
+}
+
+// setPending records pp as page id's pendingPage, in the map and the
+// page table.
+func (p *PartitionState) setPending(id filter.PageID, pp *pendingPage) {
+	p.pending[id] = pp
+	ch, i := p.table.slot(id, true)
+	ch.pend[i], ch.patchLen[i] = pp, uint32(len(pp.patch))
+}
+
+// clearPending forgets page id's pendingPage, if it has one, and returns
+// its patch bytes.
+func (p *PartitionState) clearPending(id filter.PageID) int {
+	ch, i := p.table.slot(id, false)
+	if ch == nil || ch.pend[i] == nil {
+		return 0
+	}
+	n := len(ch.pend[i].patch)
+	ch.pend[i], ch.patchLen[i] = nil, 0
+	delete(p.pending, id)
+	return n
 }

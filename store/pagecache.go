@@ -26,8 +26,8 @@ import (
 // lookup, list move and lock cost about a quarter of the CPU per record
 // at 20M keys held (BENCHMARKS.md, "Page table").
 
-// chunkPages is the number of page slots of a pageChunk: 256 slots of 16
-// bytes, 4 KiB of table per MiB of 4 KiB pages.
+// chunkPages is the number of page slots of a pageChunk: 256 slots of 28
+// bytes, 7 KiB of table per MiB of 4 KiB pages.
 const chunkPages = 256
 
 // pageChunk holds the slots of chunkPages consecutive pages of one
@@ -39,6 +39,12 @@ type pageChunk struct {
 	// dirty is the page's dirty record (PartitionState.dirty), nil when it
 	// is clean. The owner's alone.
 	dirty [chunkPages]*dirtyPage
+	// pend is the page's pendingPage (PartitionState.pending), nil when
+	// its base holds every committed change, and patchLen its patch's
+	// length: looked up here on a record's path rather than in the map.
+	// The owner's alone.
+	pend     [chunkPages]*pendingPage
+	patchLen [chunkPages]uint32
 }
 
 // subTable is the slots of one sub-filter's pages, created chunk by chunk

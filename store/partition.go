@@ -76,8 +76,10 @@ type PartitionState struct {
 	// writes back whatever their age (ConsolidateStep), 0 for the
 	// write-back's own rule.
 	forceWriteBack int
-	// logBuf and deltaBuf are Commit's buffers, reused.
+	// logBuf and deltaBuf are Commit's buffers, reused; spareDirty
+	// dirtyPage records for reuse.
 	logBuf, deltaBuf []byte
+	spareDirty       []*dirtyPage
 	meta             []byte
 	cp               Checkpoint
 	hasCP            bool
@@ -391,7 +393,7 @@ func (p *PartitionState) load1(id filter.PageID) (*cachedPage, error) {
 		rerr  error
 	)
 	err := p.db.bdb.View(func(txn *badger.Txn) error {
-		data, found, rerr = p.readPage(txn, id, p.pending[id])
+		data, found, rerr = p.readPage(txn, id, p.pendingOf(id))
 		return nil
 	})
 	if err != nil {
@@ -463,9 +465,19 @@ func (p *PartitionState) markDirty(id filter.PageID, page []byte) *dirtyPage {
 		p.lastDirty, p.lastDirtyID = d, id
 		return d
 	}
-	d := &dirtyPage{data: page}
-	if pp := p.pending[id]; pp != nil {
-		d.patched = len(pp.patch)
+	var d *dirtyPage
+	if n := len(p.spareDirty); n > 0 {
+		d, p.spareDirty = p.spareDirty[n-1], p.spareDirty[:n-1]
+	} else {
+		d = new(dirtyPage)
+	}
+	d.data, d.ch, d.slot = page, ch, i
+	d.pend, d.patched = ch.pend[i], int(ch.patchLen[i])
+	// The cached record, reused when the write batch caches the page
+	// again: the one Page returned (another PartitionState sharing the
+	// cache may have evicted it since), else the cached one.
+	if d.clean = ch.clean[i].Load(); p.last != nil && p.lastID == id {
+		d.clean = p.last
 	}
 	p.dirty[id] = d
 	ch.dirty[i] = d
@@ -573,11 +585,20 @@ func (p *PartitionState) Commit(meta []byte, cp Checkpoint) error {
 	p.db.metrics.commits.Inc()
 	p.db.metrics.writtenBack.Add(float64(r.writtenBack))
 
-	for id, d := range p.dirty {
-		ch, i := p.table.slot(id, true)
-		ch.dirty[i] = nil
-		p.db.cache.add(&ch.clean[i], &cachedPage{data: d.data})
+	p.settle(r)
+	for _, d := range p.dirty {
+		d.ch.dirty[d.slot] = nil
+		c := d.clean
+		if c == nil {
+			c = new(cachedPage)
+		}
+		c.data = d.data
+		p.db.cache.add(&d.ch.clean[d.slot], c)
 		p.recycle(d)
+		if len(p.spareDirty) < maxSpareSpans {
+			*d = dirtyPage{}
+			p.spareDirty = append(p.spareDirty, d)
+		}
 	}
 	p.db.addDirtyPages(-int64(len(p.dirty)))
 	clear(p.dirty)
@@ -585,7 +606,6 @@ func (p *PartitionState) Commit(meta []byte, cp Checkpoint) error {
 	p.lastDirty = nil
 	p.meta = append([]byte{}, meta...)
 	p.cp, p.hasCP = cp, true
-	p.settle(r)
 	p.trimLog()
 	p.deleteDropped()
 	return nil
@@ -611,6 +631,7 @@ type commitResult struct {
 
 type loggedRecord struct {
 	id     filter.PageID
+	d      *dirtyPage
 	lo, hi int
 }
 
@@ -654,7 +675,7 @@ func (p *PartitionState) commit(meta []byte, cp Checkpoint, now time.Time) (r co
 		if len(d.data) != pb {
 			return r, fmt.Errorf("dirty %s is %d bytes, want %d: %w", fmtPageID(id), len(d.data), pb, ErrCorrupt)
 		}
-		pp := p.pending[id]
+		pp := d.pend
 		if !d.whole && (pp == nil || !pp.writeBack) {
 			start := len(logv)
 			logv = binary.BigEndian.AppendUint32(logv, id.SubFilter)
@@ -667,7 +688,7 @@ func (p *PartitionState) commit(meta []byte, cp Checkpoint, now time.Time) (r co
 				patched = len(pp.patch)
 			}
 			if patched+len(logv)-start-logRecordHeader <= maxPatchBytes(pb) {
-				r.logged = append(r.logged, loggedRecord{id: id, lo: start + logRecordHeader, hi: len(logv)})
+				r.logged = append(r.logged, loggedRecord{id: id, d: d, lo: start + logRecordHeader, hi: len(logv)})
 				continue
 			}
 			logv = logv[:start]
@@ -784,26 +805,26 @@ func (p *PartitionState) settle(r commitResult) {
 	var newly []filter.PageID
 	var grown int64
 	for _, rec := range r.logged {
-		pp := p.pending[rec.id]
+		d := rec.d
+		pp := d.pend
 		if pp == nil {
 			pp = &pendingPage{since: r.seq}
 			p.pending[rec.id] = pp
+			d.ch.pend[d.slot] = pp
 			newly = append(newly, rec.id)
 		}
 		pp.patch = append(pp.patch, p.logBuf[rec.lo:rec.hi]...)
+		d.ch.patchLen[d.slot] = uint32(len(pp.patch))
 		grown += int64(rec.hi - rec.lo)
 	}
 	for _, id := range r.whole {
-		if pp := p.pending[id]; pp != nil {
-			grown -= int64(len(pp.patch))
-			delete(p.pending, id)
-		}
+		grown -= int64(p.clearPending(id))
 	}
 	for _, sub := range p.dropped {
 		for id, pp := range p.pending {
 			if id.SubFilter == sub {
 				grown -= int64(len(pp.patch))
-				delete(p.pending, id)
+				delete(p.pending, id) // its slots went with the sub-filter (Drop)
 			}
 		}
 		p.reclaim = append(p.reclaim, dropMarker{sub: sub, seq: r.seq})
@@ -906,6 +927,9 @@ func (p *PartitionState) Discard() {
 func (p *PartitionState) dropCached() {
 	p.table = pageTable{}
 	p.last = nil
+	for id, pp := range p.pending {
+		p.setPending(id, pp)
+	}
 }
 
 // Close releases the in-memory state of the partition, dropping its dirty

@@ -82,7 +82,7 @@ func (p *PartitionState) Prefetch(ids []filter.PageID) error {
 	// read the map of no one.
 	patches := make([]*pendingPage, len(want))
 	for i, id := range want {
-		patches[i] = p.pending[id]
+		patches[i] = p.pendingOf(id)
 	}
 	pages := make([]*cachedPage, len(want))
 	errs := make([]error, len(want))
