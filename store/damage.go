@@ -53,6 +53,18 @@ func isChecksumError(err error) bool {
 	return errors.Is(err, y.ErrChecksumMismatch) || strings.Contains(err.Error(), y.ErrChecksumMismatch.Error())
 }
 
+// isLostValueError reports whether err from Badger is a value whose
+// value-log entry is not there: a pointer past the end of its file
+// (y.ErrEOF, "Invalid read") or into a file that does not exist. After a
+// power loss the memtable log can keep pointers to the tail of the last
+// value-log file that was lost (neither is fsynced), which Badger
+// truncates at open.
+func isLostValueError(err error) bool {
+	msg := err.Error()
+	return errors.Is(err, y.ErrEOF) || strings.Contains(msg, y.ErrEOF.Error()) ||
+		strings.Contains(msg, "Invalid read") || strings.Contains(msg, "file with ID")
+}
+
 // checkDir looks for the damage that Badger would either not report or
 // report by crashing, before badger.Open reads or changes anything in dir,
 // and returns the bytes of table files per LSM level (nil for a directory

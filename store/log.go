@@ -126,6 +126,11 @@ func maxPatchBytes(pageBytes int) int { return pageBytes / 2 }
 // patch (its uvarint length and the delta).
 const logRecordHeader = 8
 
+// maxKeptLogBuffer is the largest log entry buffer a PartitionState keeps
+// for its next write batch: at 50,000 records a second a write batch logs
+// about 200 KB; a larger one (a replay flat out) is not kept.
+const maxKeptLogBuffer = 1 << 20
+
 func logRecordBytes(raw int) int { return binary.MaxVarintLen32 + raw }
 
 // mark records bytes [off, off+n) of d as changed. A page whose changes

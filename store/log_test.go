@@ -408,3 +408,78 @@ func TestWriteBackBoundsPatchBytes(t *testing.T) {
 	}
 	t.Logf("at most %d patch bytes, share %d", most, share)
 }
+
+// TestCommitFailureWithWriteBack: a write batch that fails before its
+// transaction commits, with pages the write-back chose and pages logged,
+// changes nothing: the same pages stay pending with the same patches, the
+// log and the counted patch bytes are as before, and the next write batch
+// writes them back and reads as the model, also after reopening.
+func TestCommitFailureWithWriteBack(t *testing.T) {
+	const pb = 512
+	clock := time.Unix(1_700_000_000, 0)
+	fail := false
+	injected := fmt.Errorf("injected failure")
+	dir := t.TempDir()
+	opts := Options{Dir: dir, PageBytes: pb, FlushBytes: smallFlush, WriteBackInterval: time.Minute, Logger: quiet}
+	db := openTuned(t, opts, tuning{now: func() time.Time { return clock }, beforeTxnCommit: func(TopicPartition) error {
+		if fail {
+			return injected
+		}
+		return nil
+	}})
+	p := partitionT(t, db, "orders", 4)
+	model := map[filter.PageID][]byte{}
+	change := func(id filter.PageID, off int, b byte) {
+		pg := mustPage(t, p, id)
+		pg[off] = b
+		p.MarkChanged(id, pg, off, 1)
+		model[id] = bytes.Clone(pg)
+	}
+	for i := range 20 {
+		change(filter.PageID{Page: uint32(i)}, i, 1)
+	}
+	if err := p.Commit([]byte("m1"), Checkpoint{Offset: 1}); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(2 * time.Minute) // every pending page is due
+	for i := 10; i < 30; i++ {
+		change(filter.PageID{Page: uint32(i)}, i+1, 2) // some due and dirty, some new
+	}
+	before, patchBytes, logs := pendingSnapshot(p), p.patchBytes, p.LogEntries()
+	fail = true
+	if err := p.Commit([]byte("m2"), Checkpoint{Offset: 2}); err == nil {
+		t.Fatal("Commit succeeded through the injected failure")
+	}
+	fail = false
+	after := pendingSnapshot(p)
+	if fmt.Sprint(after) != fmt.Sprint(before) || p.patchBytes != patchBytes || p.LogEntries() != logs || db.PatchBytes() != patchBytes {
+		t.Fatalf("a failed write batch changed the pending pages: %d before, %d after; patch bytes %d, %d; log entries %d, %d",
+			len(before), len(after), patchBytes, p.patchBytes, logs, p.LogEntries())
+	}
+	for id, pp := range p.pending {
+		if pp.writeBack {
+			t.Fatalf("%s still marked for a write-back after the failed write batch", fmtPageID(id))
+		}
+	}
+	if err := p.Commit([]byte("m2"), Checkpoint{Offset: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if id := (filter.PageID{Page: uint32(i)}); p.pending[id] != nil {
+			t.Fatalf("%s, pending past the interval, not written back by the write batch after the failed one", fmtPageID(id))
+		}
+	}
+	check := func(p *PartitionState) {
+		t.Helper()
+		for id, want := range model {
+			if got := mustPage(t, p, id); !bytes.Equal(got, want) {
+				t.Fatalf("%s differs from the model", fmtPageID(id))
+			}
+		}
+	}
+	check(p)
+	p.Close()
+	p = partitionT(t, db, "orders", 4)
+	defer p.Close()
+	check(p)
+}

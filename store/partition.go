@@ -76,8 +76,8 @@ type PartitionState struct {
 	// writes back whatever their age (ConsolidateStep), 0 for the
 	// write-back's own rule.
 	forceWriteBack int
-	// logBuf and deltaBuf are Commit's buffers, reused; spareDirty
-	// dirtyPage records for reuse.
+	// logBuf and deltaBuf are Commit's buffers, reused (logBuf up to
+	// maxKeptLogBuffer); spareDirty dirtyPage records for reuse.
 	logBuf, deltaBuf []byte
 	spareDirty       []*dirtyPage
 	meta             []byte
@@ -416,7 +416,7 @@ func (p *PartitionState) readFailed(id filter.PageID, err error) error {
 	case errors.Is(err, errBadEntry):
 		return p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp,
 			corruptError(p.db.where, err.Error())))
-	case isChecksumError(err):
+	case isChecksumError(err), isLostValueError(err):
 		return p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w",
 			fmtPageID(id), p.tp, corruptError(p.db.where, err.Error())))
 	default:
@@ -617,8 +617,9 @@ type commitResult struct {
 	seq     uint64
 	at      int64
 	written int64
-	// logged are the records of the batch's log entry: page id's patch
-	// bytes are p.logBuf[lo:hi].
+	// logged are the records of the batch's log entry, logv: page id's
+	// patch bytes are logv[lo:hi].
+	logv   []byte
 	logged []loggedRecord
 	hasLog bool
 	// whole are the pages written whole, writtenBack how many of them the
@@ -709,7 +710,12 @@ func (p *PartitionState) commit(meta []byte, cp Checkpoint, now time.Time) (r co
 			return r, err
 		}
 	}
-	p.logBuf = logv
+	r.logv = logv
+	if cap(logv) <= maxKeptLogBuffer {
+		p.logBuf = logv // Badger copies values: reused by the next batch
+	} else {
+		p.logBuf = nil
+	}
 	if len(logv) > logValueHeader {
 		r.hasLog = true
 		if err := set(logKey(p.prefix, r.seq), logv); err != nil {
@@ -813,7 +819,7 @@ func (p *PartitionState) settle(r commitResult) {
 			d.ch.pend[d.slot] = pp
 			newly = append(newly, rec.id)
 		}
-		pp.patch = append(pp.patch, p.logBuf[rec.lo:rec.hi]...)
+		pp.patch = append(pp.patch, r.logv[rec.lo:rec.hi]...)
 		d.ch.patchLen[d.slot] = uint32(len(pp.patch))
 		grown += int64(rec.hi - rec.lo)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -386,6 +387,8 @@ type DB struct {
 
 	mu   sync.Mutex
 	open map[TopicPartition]*PartitionState
+	// opening are the topic-partitions being loaded by Partition.
+	opening map[TopicPartition]bool
 	// closedHits is the page cache hits of the PartitionStates closed
 	// since Open (under mu); the open ones count their own
 	// (PartitionState.hits), so that a lookup adds to a counter of its
@@ -462,12 +465,13 @@ func open(opts Options, tn tuning) (*DB, error) {
 		tn.gcInterval = gcInterval
 	}
 	db := &DB{
-		opts:   opts,
-		where:  opts.Dir,
-		logger: opts.Logger,
-		tuning: tn,
-		open:   make(map[TopicPartition]*PartitionState),
-		stopGC: make(chan struct{}),
+		opts:    opts,
+		where:   opts.Dir,
+		logger:  opts.Logger,
+		tuning:  tn,
+		open:    make(map[TopicPartition]*PartitionState),
+		opening: make(map[TopicPartition]bool),
+		stopGC:  make(chan struct{}),
 	}
 	if opts.InMemory {
 		db.where = "memory"
@@ -480,6 +484,13 @@ func open(opts Options, tn tuning) (*DB, error) {
 	db.memTable = memTableBytes(db.batchSize)
 	db.cache = newPageCache(db.cachePages())
 
+	if !opts.InMemory {
+		// A memtable log written with a larger memtable (an older layout,
+		// or a larger FlushBytes) must fit the memtable Badger replays it
+		// into, or Badger exits the process ("Arena too small") before
+		// the layout check can refuse the directory.
+		db.memTable = max(db.memTable, memTableOnDisk(opts.Dir))
+	}
 	bo := badgerOptions(opts, db.memTable)
 	if tn.valueLogFileBytes > 0 {
 		bo = bo.WithValueLogFileSize(tn.valueLogFileBytes)
@@ -633,9 +644,11 @@ func (db *DB) checkLayout() error {
 	return nil
 }
 
-// valueLogGC rewrites value-log files that are at least half garbage. Pages
-// stay in the LSM tree (they are under ValueThreshold), so there is little
-// to do; the loop keeps the value log from growing if that ever changes.
+// valueLogGC rewrites value-log files that are at least half garbage: the
+// write-back rewrites pages whole into the value log, so its older files
+// turn to garbage as it goes. A round is skipped while the free space is
+// short of what a write batch needs plus a value-log file, which one GC
+// rewrite can write before it deletes the old file.
 func (db *DB) valueLogGC() {
 	defer db.gcDone.Done()
 	t := time.NewTicker(db.tuning.gcInterval)
@@ -647,6 +660,10 @@ func (db *DB) valueLogGC() {
 		case <-t.C:
 		}
 		for {
+			if err := db.checkFreeSpaceBut(-valueLogFileBytes); err != nil {
+				db.logger.Warn("value-log GC skipped: too little free space for its rewrite", "dir", db.where, "err", err)
+				break
+			}
 			err := db.bdb.RunValueLogGC(gcDiscardRatio)
 			if errors.Is(err, badger.ErrNoRewrite) || errors.Is(err, badger.ErrRejected) {
 				break
@@ -697,10 +714,15 @@ func (db *DB) Partition(topic string, partition int32) (*PartitionState, error) 
 		return nil, fmt.Errorf("store: opening %s: %w", tp, ErrClosed)
 	}
 	db.mu.Lock()
-	defer db.mu.Unlock()
-	if _, ok := db.open[tp]; ok {
+	if _, ok := db.open[tp]; ok || db.opening[tp] {
+		db.mu.Unlock()
 		return nil, fmt.Errorf("store: opening %s: %w", tp, ErrPartitionOpen)
 	}
+	// Loaded without the lock: replaying a partition's log takes a
+	// point read per page it names, and the lock is on every partition's
+	// path (PrefetchLimit, release).
+	db.opening[tp] = true
+	db.mu.Unlock()
 	p := &PartitionState{
 		db:           db,
 		tp:           tp,
@@ -709,7 +731,11 @@ func (db *DB) Partition(topic string, partition int32) (*PartitionState, error) 
 		pending:      make(map[filter.PageID]*pendingPage),
 		prefetchSeen: make(map[filter.PageID]struct{}),
 	}
-	if err := p.load(); err != nil {
+	err := p.load()
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	delete(db.opening, tp)
+	if err != nil {
 		return nil, err
 	}
 	db.open[tp] = p
@@ -832,4 +858,18 @@ func (db *DB) now() time.Time {
 		return db.tuning.now()
 	}
 	return time.Now()
+}
+
+// memTableOnDisk returns the MemTableSize the memtable logs in dir were
+// written with, 0 without one: Badger creates a memtable log at twice its
+// MemTableSize.
+func memTableOnDisk(dir string) int64 {
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
+	var most int64
+	for _, path := range logs {
+		if info, err := os.Stat(path); err == nil {
+			most = max(most, info.Size()/2)
+		}
+	}
+	return (most + 1<<20 - 1) &^ (1<<20 - 1)
 }

@@ -1006,3 +1006,50 @@ func TestCacheHitsCountedPerPartition(t *testing.T) {
 		t.Errorf("hits after one partition closed = %v, want 3 (closed) + 5", got)
 	}
 }
+
+// TestOpenAfterALargerMemtable: a memtable log written with a larger
+// memtable (an older layout's, or a larger FlushBytes', left by a crash)
+// is replayed into a memtable large enough for it: Open succeeds, where
+// Badger would exit the process replaying it into the default one.
+func TestOpenAfterALargerMemtable(t *testing.T) {
+	dir := t.TempDir()
+	db := openT(t, Options{Dir: dir, FlushBytes: 64 << 20, Logger: quiet})
+	if db.memTable <= memTableBytes(0) {
+		t.Fatalf("memtable %d, not above the least", db.memTable)
+	}
+	// 24 MiB of values under ValueThreshold, in the memtable log: more
+	// than the least memtable holds.
+	v := bytes.Repeat([]byte{7}, 1000)
+	for batch := range 24 {
+		err := db.bdb.Update(func(txn *badger.Txn) error {
+			for i := range 1000 {
+				if err := txn.Set(fmt.Appendf(nil, "zz-%02d-%04d", batch, i), v); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The directory as a crash leaves it: copied while open.
+	crashed := copyDir(t, dir)
+	db2, err := Open(Options{Dir: crashed, Logger: quiet})
+	if err != nil {
+		t.Fatalf("Open after a larger memtable: %v", err)
+	}
+	if db2.memTable < db.memTable {
+		t.Errorf("memtable %d replaying a log of a %d-byte memtable", db2.memTable, db.memTable)
+	}
+	err = db2.bdb.View(func(txn *badger.Txn) error {
+		_, err := txn.Get([]byte("zz-23-0999"))
+		return err
+	})
+	if err != nil {
+		t.Errorf("the last value of the memtable log: %v", err)
+	}
+	if err := db2.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
