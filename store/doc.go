@@ -13,9 +13,15 @@
 // After a crash a partition's state is therefore exactly that of its last
 // committed write batch, whose checkpoint says where to resume reading the
 // input. Writes are not fsynced: a killed process loses nothing Badger
-// acknowledged, and after a power loss Badger's replay drops any transaction
-// without its commit marker, so the last write batches may be lost (replaying
-// the input from the checkpoint repairs that) but none is torn.
+// acknowledged (TestCrashConsistencyAtEveryWrite kills it at every Badger
+// write of a Commit), and after a power loss Badger's replay drops any
+// transaction without its commit marker, so the last write batches may be
+// lost (replaying the input from the checkpoint repairs that). Whole pages
+// and log entries are in the value log and their pointers in the memtable
+// log, neither fsynced: a power loss that keeps a pointer and loses its
+// value leaves a page or log entry that reads as ErrCorrupt (a value of
+// the wrong length: TestLostValueLogTail), never as other bytes, and the
+// partition is rebuilt from its input or a snapshot.
 //
 // Badger refuses a transaction of 15% of its memtable or more, so Open sizes
 // the memtable for Options.FlushBytes: whole pages and large log entries
@@ -181,8 +187,9 @@
 // lookups skip a table block that fails its checksum while running as if
 // it held no key; such damage, appearing after Open, is caught at the next
 // Open. Pages and log entries are in the value log, whose last file Badger
-// reads through at Open (a damaged one is refused there) and whose other
-// files it reads value by value: a damaged page there fails its read
+// reads through at Open (refusing what it cannot parse, truncating a torn
+// tail) and whose other files it reads value by value, each checked
+// against its checksum: a damaged page fails its read as ErrCorrupt
 // (TestDamagedPageInValueLog), and the partition stops.
 //
 // Table files without a MANIFEST are refused rather than opened: Badger

@@ -44,7 +44,10 @@ import (
 // Metrics of a round: rec/s achieved, cpu-us/rec (the process's user and
 // system time), page-reads/rec (Badger reads of pages), user-B/rec and
 // disk-B/rec (bytes handed to Badger and written by the process, as
-// BenchmarkDurable counts them), peak-RSS-MiB (VmHWM of the round alone),
+// BenchmarkDurable counts them), peak-RSS-MiB (VmHWM of the round alone,
+// the pages of mapped files included: Badger maps its tables and value
+// log), peak-anon-MiB (the most RssAnon sampled every 100 ms in the
+// round) and anon-outside-pages-MiB (that less the pages-MiB),
 // pages-MiB and page-bits/key (the chains' pages after the round),
 // sub-filters (the most of any partition) and load (the chains' load
 // factor).
@@ -129,6 +132,7 @@ func BenchmarkPrefetchRate(b *testing.B) {
 				stop = profileCPU(b)
 			}
 			benchenv.ResetPeakRSS()
+			anon := benchenv.SampleAnonRSS(100 * time.Millisecond)
 			before := sample(b)
 			for sent := uint64(0); sent < uint64(b.N); {
 				if rate > 0 {
@@ -164,6 +168,11 @@ func BenchmarkPrefetchRate(b *testing.B) {
 			}
 			b.ReportMetric(float64(benchenv.PeakRSS())/(1<<20), "peak-RSS-MiB")
 			st := f.stats()
+			peakAnon := anon()
+			b.ReportMetric(float64(peakAnon)/(1<<20), "peak-anon-MiB")
+			// Memory outside the pages: the round's peak anonymous memory
+			// less the pages the filters hold.
+			b.ReportMetric(float64(peakAnon-int64(st.Bytes))/(1<<20), "anon-outside-pages-MiB")
 			b.ReportMetric(float64(st.Bytes)/(1<<20), "pages-MiB")
 			b.ReportMetric(float64(st.Bytes*8)/float64(st.Items), "page-bits/key")
 			b.ReportMetric(float64(st.SubFilters), "sub-filters")

@@ -70,6 +70,52 @@ func PeakRSS() int64 {
 	return -1
 }
 
+// AnonRSS returns the process's anonymous resident memory in bytes
+// (RssAnon of /proc/self/status: the heap, stacks and anonymous maps, not
+// the pages of mapped files, which the kernel reclaims first), or -1
+// where that is unknown.
+func AnonRSS() int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return -1
+			}
+			return kb << 10
+		}
+	}
+	return -1
+}
+
+// SampleAnonRSS samples AnonRSS every interval until the function it
+// returns is called, which returns the most seen (-1 where unknown).
+func SampleAnonRSS(interval time.Duration) func() int64 {
+	done := make(chan struct{})
+	most := make(chan int64)
+	go func() {
+		peak := AnonRSS()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				most <- max(peak, AnonRSS())
+				return
+			case <-t.C:
+				peak = max(peak, AnonRSS())
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		return <-most
+	}
+}
+
 // ResetPeakRSS resets the peak resident set to the current one (Linux 4.0
 // and later; elsewhere PeakRSS keeps the process's peak).
 func ResetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
