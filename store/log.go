@@ -71,6 +71,7 @@ type dropMarker struct {
 // dirtyPage is a page changed since the last write batch: its bytes and
 // the byte ranges changed since (nil with whole).
 type dirtyPage struct {
+	id    filter.PageID
 	data  []byte
 	spans []span
 	raw   int // bytes the spans would encode to at most

@@ -30,7 +30,8 @@ func dirtyFreed(t *testing.T, shareChunk bool, act func(p *PartitionState)) bool
 	p.MarkChanged(dirty, pg, 0, 1)
 	mustPage(t, p, filter.PageID{SubFilter: 4, Page: 0}) // sub 3 is not last in table.subs
 	var freed atomic.Bool
-	runtime.SetFinalizer(p.dirty[dirty], func(*dirtyPage) { freed.Store(true) })
+	ch, i := p.table.slot(dirty, false)
+	runtime.SetFinalizer(ch.dirty[i], func(*dirtyPage) { freed.Store(true) })
 	pg = nil
 	act(p)
 	for range 5 {

@@ -39,7 +39,7 @@ type PartitionState struct {
 	table pageTable
 	// dirty are the pages changed since the last write batch, each also in
 	// its table slot.
-	dirty map[filter.PageID]*dirtyPage
+	dirty []*dirtyPage
 	// last is the clean page Page returned last (lastID), whose log
 	// MarkChanged needs even if the shared cache evicted it since.
 	last   *cachedPage
@@ -479,7 +479,8 @@ func (p *PartitionState) markDirty(id filter.PageID, page []byte) *dirtyPage {
 	if d.clean = ch.clean[i].Load(); p.last != nil && p.lastID == id {
 		d.clean = p.last
 	}
-	p.dirty[id] = d
+	d.id = id
+	p.dirty = append(p.dirty, d)
 	ch.dirty[i] = d
 	if p.staged > 0 {
 		// A staged copy applied (filter.Overlay.Commit): it is this dirty
@@ -505,16 +506,15 @@ func (p *PartitionState) Drop(subFilter uint32) {
 	if p.closed {
 		return
 	}
-	for id, d := range p.dirty {
-		if id.SubFilter == subFilter {
-			if ch, i := p.table.slot(id, false); ch != nil {
-				ch.dirty[i] = nil
-			}
-			p.dirtyBytes -= d.batchBytes
-			delete(p.dirty, id)
-			p.db.addDirtyPages(-1)
+	p.dirty = slices.DeleteFunc(p.dirty, func(d *dirtyPage) bool {
+		if d.id.SubFilter != subFilter {
+			return false
 		}
-	}
+		d.ch.dirty[d.slot] = nil
+		p.dirtyBytes -= d.batchBytes
+		p.db.addDirtyPages(-1)
+		return true
+	})
 	p.table.drop(subFilter)
 	if p.last != nil && p.lastID.SubFilter == subFilter {
 		p.last = nil
@@ -602,6 +602,7 @@ func (p *PartitionState) Commit(meta []byte, cp Checkpoint) error {
 	}
 	p.db.addDirtyPages(-int64(len(p.dirty)))
 	clear(p.dirty)
+	p.dirty = p.dirty[:0]
 	p.dirtyBytes = 0
 	p.lastDirty = nil
 	p.meta = append([]byte{}, meta...)
@@ -672,7 +673,8 @@ func (p *PartitionState) commit(meta []byte, cp Checkpoint, now time.Time) (r co
 		return set(pageKey(p.prefix, id), v)
 	}
 	logv := binary.BigEndian.AppendUint64(p.logBuf[:0], uint64(r.at))
-	for id, d := range p.dirty {
+	for _, d := range p.dirty {
+		id := d.id
 		if len(d.data) != pb {
 			return r, fmt.Errorf("dirty %s is %d bytes, want %d: %w", fmtPageID(id), len(d.data), pb, ErrCorrupt)
 		}
@@ -699,7 +701,7 @@ func (p *PartitionState) commit(meta []byte, cp Checkpoint, now time.Time) (r co
 		}
 	}
 	for _, id := range chosen {
-		if _, dirty := p.dirty[id]; dirty {
+		if ch, i := p.table.slot(id, false); ch != nil && ch.dirty[i] != nil {
 			continue // written whole above
 		}
 		data, err := p.committedPage(id)
@@ -911,12 +913,11 @@ func (p *PartitionState) trimLog() {
 // Use it when the partition is lost or its uncommitted changes are void.
 func (p *PartitionState) Discard() {
 	p.db.addDirtyPages(-int64(len(p.dirty)))
-	for id := range p.dirty {
-		if ch, i := p.table.slot(id, false); ch != nil {
-			ch.dirty[i] = nil // old chunks live on while ring entries point into them
-		}
+	for _, d := range p.dirty {
+		d.ch.dirty[d.slot] = nil // old chunks live on while ring entries point into them
 	}
 	clear(p.dirty)
+	p.dirty = p.dirty[:0]
 	p.dirtyBytes = 0
 	p.last, p.lastDirty = nil, nil
 	p.dropped = p.dropped[:0]

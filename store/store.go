@@ -727,7 +727,6 @@ func (db *DB) Partition(topic string, partition int32) (*PartitionState, error) 
 		db:           db,
 		tp:           tp,
 		prefix:       partitionPrefix(topic, partition),
-		dirty:        make(map[filter.PageID]*dirtyPage),
 		pending:      make(map[filter.PageID]*pendingPage),
 		prefetchSeen: make(map[filter.PageID]struct{}),
 	}
