@@ -398,16 +398,17 @@ func (pw *partitionWorker) batchDue(reserve int64) bool {
 func (w *Worker) txnReserve() int64 { return w.opts.FlushBytes / 2 }
 
 // consolidateIdleIntervals is how many flush intervals a partition decides
-// nothing before consolidateIdle folds its page deltas into whole pages.
+// nothing before consolidateIdle writes its pending pages back whole.
 const consolidateIdleIntervals = 10
 
-// consolidateIdle folds page deltas into whole pages (one write batch of at
-// most half of FlushBytes, at most one per flush interval) once the
-// partition has decided nothing for consolidateIdleIntervals flush
-// intervals and has nothing uncommitted: a write batch holds deltas so
-// that its bytes follow the records it carries, and an idle partition has
-// the time to fold them in, bringing its state at rest back to its page
-// bytes. It runs where flush runs and, like flush, never while a replay
+// consolidateIdle writes the partition's pending pages (those whose
+// changes are only in its log) back whole (one write batch of at most half
+// of FlushBytes, at most one per flush interval) once the partition has
+// decided nothing for consolidateIdleIntervals flush intervals and has
+// nothing uncommitted: a write batch logs changes so that its bytes follow
+// the records it carries, and an idle partition, whose write batches no
+// longer carry the write-back, has the time to finish it, bringing its
+// state at rest back to its page bytes and an empty log. It runs where flush runs and, like flush, never while a replay
 // owns the deduplicator; one partition of the worker at a time. It reports
 // whether it took a step. The store remembers that nothing is left, so the
 // steps of a partition that stays idle cost nothing.

@@ -2,14 +2,14 @@ package dedup
 
 import "fmt"
 
-// ConsolidateStep folds the page deltas of the partition's committed state
-// into whole pages, about maxBytes of pages per call, in one write batch
-// that keeps the committed checkpoint and chain metadata
-// (store.PartitionState.ConsolidateStep). more reports that pages with deltas
-// remain. Deltas keep a write batch proportional to the records it holds;
-// folding them in while the partition is idle brings the state at rest back
-// to its page bytes (about f/load bits per key) and keeps a page read to
-// one entry.
+// ConsolidateStep writes back whole the pending pages of the partition's
+// committed state (those whose changes are only in its log), about
+// maxBytes of pages per call, in one write batch that keeps the committed
+// checkpoint and chain metadata (store.PartitionState.ConsolidateStep).
+// more reports that pending pages remain. The log keeps a write batch
+// proportional to the records it holds; writing the pages back while the
+// partition is idle brings the state at rest back to its page bytes
+// (about f/load bits per key) and an empty log.
 //
 // It does nothing, and reports no more, while the partition has changes
 // not yet committed, staged (Options.Staged) or not: call it between write

@@ -57,7 +57,7 @@ const (
 // DirtyPageBytes is the memory the dirty pages of every PartitionState of
 // the DB hold, with the pages their callers stage for them
 // (SetStagedPages): PageBytes each, whether a write batch will write them
-// whole or as deltas. These pages are outside the page cache; a worker
+// whole or log their changes. These pages are outside the page cache; a worker
 // bounds them by cutting write batches (PartitionState.Commit). Safe for
 // concurrent use.
 func (db *DB) DirtyPageBytes() int64 {
