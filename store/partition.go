@@ -40,8 +40,9 @@ type PartitionState struct {
 	// dirty are the pages changed since the last write batch, each also in
 	// its table slot.
 	dirty []*dirtyPage
-	// last is the clean page Page returned last (lastID), whose log
-	// MarkChanged needs even if the shared cache evicted it since.
+	// last is the clean page Page returned last (lastID), found again
+	// without a lookup, and whose record MarkChanged reuses even if the
+	// shared cache evicted it since.
 	last   *cachedPage
 	lastID filter.PageID
 	// lastDirty is the dirty page Page returned or MarkChanged marked last
@@ -159,7 +160,7 @@ func (p *PartitionState) load() error {
 		return fmt.Errorf("store: loading %s: %w", p.tp, err)
 	}
 	if err := p.db.bdb.View(func(txn *badger.Txn) error { return p.replayLog(txn, p.reclaim) }); err != nil {
-		if errors.Is(err, ErrCorrupt) {
+		if errors.Is(err, ErrCorrupt) || isChecksumError(err) || isLostValueError(err) {
 			return p.db.corrupted(fmt.Errorf("store: loading %s: replaying its log: %w", p.tp, corruptError(p.db.where, err.Error())))
 		}
 		return fmt.Errorf("store: loading %s: replaying its log: %w", p.tp, err)
