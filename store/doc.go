@@ -128,8 +128,10 @@
 // entries every page is past, which the next write batch deletes). A
 // change thus costs its log bytes once and, amortized, a page written per
 // interval however many changes the page took meanwhile: at 100M keys and
-// 50,000 records a second, a page of 4 KiB per page a minute, about 60
-// bytes a record, where per-page deltas wrote 1.5 KB. Pages written whole
+// 50,000 records a second, the state's 321 MiB of pages a minute, about
+// 107 bytes a record (118 to 169 bytes to disk a record measured with the
+// log, compactions and value-log GC, where per-page deltas wrote 270 to
+// 1,130; BENCHMARKS.md, "The store's log per write batch"). Pages written whole
 // by the caller (MarkDirty: a split) and pages whose patch would pass
 // half a page skip the log.
 //
@@ -139,7 +141,9 @@
 // WriteBackInterval of write batches (more while WriteBackBytes is not
 // reached by an idle partition: the worker writes an idle partition's
 // pages back, ConsolidateStep), so recovery after a crash reads at most
-// that much: at 50,000 records a second about 30 MB, a second or two.
+// that much: at 50,000 records a second and about 12 bytes of log a
+// record, about 36 MB (an estimate; the open after a crash is not
+// measured at 100M keys).
 // Export applies the log the same way at its read timestamp.
 //
 // PartitionState.DirtyBytes counts what the write batch will write: a page
