@@ -418,19 +418,7 @@ func TestDamagedPageInValueLog(t *testing.T) {
 	}
 	db := openT(t, Options{Dir: dir, PageBytes: damagePageBytes, Logger: quiet})
 	p := partitionT(t, db, "orders", 1)
-	var refused int
-	for i := range damagePages {
-		id := filter.PageID{Page: uint32(i)}
-		got, err := p.Page(id)
-		switch {
-		case err != nil && errors.Is(err, ErrCorrupt) && strings.Contains(err.Error(), recoverHint):
-			refused++
-		case err != nil:
-			t.Fatalf("%s: %v, want ErrCorrupt saying how to recover", fmtPageID(id), err)
-		case !bytes.Equal(got, pageBytes(damagePageBytes, id, 3)):
-			t.Fatalf("%s read from a damaged value log differs from what was committed", fmtPageID(id))
-		}
-	}
+	refused := readDamagedPages(t, p)
 	if refused == 0 {
 		t.Fatal("no page refused: the damaged file holds none of the pages read")
 	}
@@ -467,26 +455,35 @@ func TestLostValueLogTail(t *testing.T) {
 	defer db.Close()
 	p := partitionT(t, db, "orders", 1)
 	defer p.Close()
-	var lost int
-	for i := range damagePages {
-		id := filter.PageID{Page: uint32(i)}
-		got, err := p.Page(id)
-		switch {
-		case err != nil && errors.Is(err, ErrCorrupt) && strings.Contains(err.Error(), recoverHint):
-			if lost == 0 {
-				t.Logf("%s: %v", fmtPageID(id), err)
-			}
-			lost++
-		case err != nil:
-			t.Fatalf("%s: %v, want ErrCorrupt saying how to recover", fmtPageID(id), err)
-		case !bytes.Equal(got, pageBytes(damagePageBytes, id, 3)):
-			t.Fatalf("%s read after the value log was cut differs from what was committed", fmtPageID(id))
-		}
-	}
+	lost := readDamagedPages(t, p)
 	if lost == 0 {
 		t.Fatal("no page lost: the cut kept every page read")
 	}
 	if got := counterValue(t, db.metrics.corruptions); got != int64(lost) {
 		t.Fatalf("kdedup_store_corruptions_total = %d, %d pages lost", got, lost)
 	}
+}
+
+// readDamagedPages reads every page of damageState's partition through p
+// and returns how many were refused as ErrCorrupt saying how to recover;
+// it fails t on any other error and on a page read whole whose bytes are
+// not those of the last write batch.
+func readDamagedPages(t *testing.T, p *PartitionState) (refused int) {
+	t.Helper()
+	for i := range damagePages {
+		id := filter.PageID{Page: uint32(i)}
+		got, err := p.Page(id)
+		switch {
+		case err != nil && errors.Is(err, ErrCorrupt) && strings.Contains(err.Error(), recoverHint):
+			if refused == 0 {
+				t.Logf("%s: %v", fmtPageID(id), err)
+			}
+			refused++
+		case err != nil:
+			t.Fatalf("%s: %v, want ErrCorrupt saying how to recover", fmtPageID(id), err)
+		case !bytes.Equal(got, pageBytes(damagePageBytes, id, 3)):
+			t.Fatalf("%s read from a damaged value log differs from what was committed", fmtPageID(id))
+		}
+	}
+	return refused
 }

@@ -53,34 +53,23 @@ func CPU(tb testing.TB) time.Duration {
 
 // PeakRSS returns the process's peak resident set in bytes (VmHWM of
 // /proc/self/status), or -1 where that is unknown.
-func PeakRSS() int64 {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return -1
-	}
-	for line := range strings.Lines(string(data)) {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				return -1
-			}
-			return kb << 10
-		}
-	}
-	return -1
-}
+func PeakRSS() int64 { return statusBytes("VmHWM:") }
 
 // AnonRSS returns the process's anonymous resident memory in bytes
 // (RssAnon of /proc/self/status: the heap, stacks and anonymous maps, not
 // the pages of mapped files, which the kernel reclaims first), or -1
 // where that is unknown.
-func AnonRSS() int64 {
+func AnonRSS() int64 { return statusBytes("RssAnon:") }
+
+// statusBytes returns the field of /proc/self/status (its name and
+// colon), in kB there, in bytes; -1 where that is unknown.
+func statusBytes(field string) int64 {
 	data, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return -1
 	}
 	for line := range strings.Lines(string(data)) {
-		if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+		if v, ok := strings.CutPrefix(line, field); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			if err != nil {
 				return -1
