@@ -448,8 +448,11 @@ func BenchmarkDurable(b *testing.B) {
 // preload-s, the time the preload took (flat out, untimed by the
 // benchmark), page-bits/key and pages-MiB, the chains' pages after the
 // timed records, and peak-RSS-MiB, the peak resident memory (VmHWM) of the
-// timed records alone (preload-peak-RSS-MiB, the preload's). KDEDUP_BENCH_CPUPROFILE=file profiles the timed records
-// alone.
+// timed records alone (preload-peak-RSS-MiB, the preload's), and
+// peak-anon-MiB, the most anonymous memory (RssAnon, sampled every 100 ms)
+// over the timed records: VmHWM also counts the pages of files the process
+// maps, such as Badger's value log, which the kernel reclaims first.
+// KDEDUP_BENCH_CPUPROFILE=file profiles the timed records alone.
 //
 //	KDEDUP_BENCH_KEYS=1000000 go test -run '^$' -bench 'DurableRate' -benchtime 1000000x -timeout 60m ./store
 func BenchmarkDurableRate(b *testing.B) {
@@ -583,6 +586,7 @@ func atRate(b *testing.B, f feeder, fed uint64, rate int, preload time.Duration)
 	defer profileCPU(b)()
 	preloadPeak := benchenv.PeakRSS()
 	benchenv.ResetPeakRSS() // the peak of the timed records alone
+	anon := benchenv.SampleAnonRSS(100 * time.Millisecond)
 	before := sample(b)
 	for sent := uint64(0); sent < uint64(b.N); {
 		due := before.wall.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
@@ -611,6 +615,7 @@ func atRate(b *testing.B, f feeder, fed uint64, rate int, preload time.Duration)
 	b.ReportMetric(float64(f.batchCount()-batches)/after.wall.Sub(before.wall).Seconds(), "batches/s")
 	b.ReportMetric(float64(benchenv.PeakRSS())/(1<<20), "peak-RSS-MiB")
 	b.ReportMetric(float64(preloadPeak)/(1<<20), "preload-peak-RSS-MiB")
+	b.ReportMetric(float64(anon())/(1<<20), "peak-anon-MiB")
 	if st, ok := f.(interface {
 		stats() (items, slots, pageBytes uint64)
 	}); ok {

@@ -10,6 +10,7 @@ import (
 // metrics of db (collector) are registered with them.
 type metrics struct {
 	commitSeconds     prometheus.Histogram
+	openSeconds       prometheus.Histogram
 	commitBytes       prometheus.Counter
 	commits           prometheus.Counter
 	commitErrors      prometheus.Counter
@@ -37,6 +38,12 @@ func newMetrics(reg prometheus.Registerer, db *DB) *metrics {
 			Help: "Duration of one write batch: the Badger transaction holding a partition's dirty pages, chain metadata and checkpoint.",
 			// 0.5 ms .. ~8 s.
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 15),
+		}),
+		openSeconds: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "kdedup_store_partition_open_seconds",
+			Help: "Duration of opening a topic-partition's state: its metadata and checkpoint read and its log applied to the pages pending since their floor (the store's recovery after a crash).",
+			// 1 ms .. ~65 s.
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 17),
 		}),
 		commitBytes: f.NewCounter(prometheus.CounterOpts{
 			Name: "kdedup_store_commit_bytes_total",

@@ -730,15 +730,25 @@ func (db *DB) Partition(topic string, partition int32) (*PartitionState, error) 
 		pending:      make(map[filter.PageID]*pendingPage),
 		prefetchSeen: make(map[filter.PageID]struct{}),
 	}
+	start := time.Now()
 	err := p.load()
+	took := time.Since(start)
+	entries, pending, patch := len(p.logSeqs), len(p.pending), p.patchBytes
 	db.mu.Lock()
-	defer db.mu.Unlock()
 	delete(db.opening, tp)
+	if err == nil {
+		db.open[tp] = p
+		db.openCount.Store(int64(len(db.open)))
+	}
+	db.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	db.open[tp] = p
-	db.openCount.Store(int64(len(db.open)))
+	db.metrics.openSeconds.Observe(took.Seconds())
+	if entries > 0 {
+		db.logger.Info("partition state opened, its log applied", "partition", tp.String(),
+			"log_entries", entries, "pending_pages", pending, "patch_bytes", patch, "seconds", took.Seconds())
+	}
 	return p, nil
 }
 

@@ -802,8 +802,11 @@ func TestMetrics(t *testing.T) {
 	var names []string
 	for _, f := range families {
 		names = append(names, f.GetName())
-		if f.GetName() == "kdedup_store_commit_seconds" && f.GetMetric()[0].GetHistogram().GetSampleCount() != 1 {
-			t.Errorf("kdedup_store_commit_seconds has %d samples, want 1", f.GetMetric()[0].GetHistogram().GetSampleCount())
+		// One commit; one partition opened.
+		for name, want := range map[string]uint64{"kdedup_store_commit_seconds": 1, "kdedup_store_partition_open_seconds": 1} {
+			if f.GetName() == name && f.GetMetric()[0].GetHistogram().GetSampleCount() != want {
+				t.Errorf("%s has %d samples, want %d", name, f.GetMetric()[0].GetHistogram().GetSampleCount(), want)
+			}
 		}
 	}
 	want := []string{
@@ -814,7 +817,7 @@ func TestMetrics(t *testing.T) {
 		"kdedup_store_dirty_page_bytes", "kdedup_store_dirty_page_peak_bytes", "kdedup_store_page_cache_capacity_bytes",
 		"kdedup_store_page_cache_hits_total", "kdedup_store_page_cache_misses_total",
 		"kdedup_store_page_reads_total", "kdedup_store_pages_consolidated_total", "kdedup_store_pages_reclaimed_total",
-		"kdedup_store_pages_written_back_total", "kdedup_store_patch_bytes",
+		"kdedup_store_pages_written_back_total", "kdedup_store_partition_open_seconds", "kdedup_store_patch_bytes",
 	}
 	if fmt.Sprint(names) != fmt.Sprint(want) {
 		t.Errorf("registered %v, want %v", names, want)

@@ -210,3 +210,25 @@ func TestCacheWatch(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestContainerFigures: the page cache a worker with the default
+// configuration gets in the chart's 3Gi container and in a 2Gi one, as
+// the budget's package comment, docs/operations.md and the chart's README
+// state it, holds to within 2%.
+func TestContainerFigures(t *testing.T) {
+	for _, tc := range []struct {
+		limit    uint64
+		cacheMiB int64
+	}{
+		{3 << 30, 1403},
+		{2 << 30, 698},
+	} {
+		s, _, err := MemoryBudget(workerConfig(t), limitOf(tc.limit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := s.Cache>>20 - tc.cacheMiB; d > tc.cacheMiB/50 || -d > tc.cacheMiB/50 {
+			t.Errorf("a %d MiB container: page cache %d MiB, the docs say about %d MiB", tc.limit>>20, s.Cache>>20, tc.cacheMiB)
+		}
+	}
+}

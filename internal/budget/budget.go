@@ -27,10 +27,12 @@
 //
 // At the default FLUSH_BYTES the store takes about 440 MiB (Badger's
 // 16 MiB memtables, block cache and table builders, and the pending
-// pages' patches: store.Options.MemoryBytes); a 3 GiB
-// container (T = 2.7 GiB) gets a cache of about 1,474 MiB, a 2 GiB
-// container (T = 1.8 GiB) about 768 MiB. The figures behind the
-// shares are in BENCHMARKS.md ("Memory budget").
+// pages' patches: store.Options.MemoryBytes); with the worker's
+// defaults (internal/app: one restore's memory is a replay's, 70 MiB) a
+// 3 GiB container (T = 2.7 GiB) gets a cache of about 1,403 MiB, a 2 GiB
+// container (T = 1.8 GiB) about 698 MiB (internal/app's
+// TestContainerFigures). The figures behind the shares are in
+// BENCHMARKS.md ("Memory budget").
 package budget
 
 import (

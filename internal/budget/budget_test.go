@@ -108,25 +108,6 @@ func TestPlanCacheOverride(t *testing.T) {
 	}
 }
 
-// TestPackageFigures: the package comment's examples, a 3 GiB and a 2 GiB
-// container at the default FLUSH_BYTES, hold to within 5%.
-func TestPackageFigures(t *testing.T) {
-	for _, tc := range []struct {
-		total, store, cache int64
-	}{
-		{3 << 30 * 9 / 10, storeBytes, 1474 * mib},
-		{2 << 30 * 9 / 10, storeBytes, 768 * mib},
-	} {
-		s, err := Plan(Inputs{TotalBytes: tc.total, StoreBytes: tc.store, DecompressBytes: 64 * mib, PageBytes: 4096})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d := s.Cache - tc.cache; d > tc.cache/20 || -d > tc.cache/20 {
-			t.Errorf("total %d: cache %d MiB, the package comment says about %d MiB", tc.total, s.Cache/mib, tc.cache/mib)
-		}
-	}
-}
-
 // TestTotal: KDEDUP_MEMORY_BYTES first, then 90% of the container's
 // limit, then the default, with where it came from.
 func TestTotal(t *testing.T) {

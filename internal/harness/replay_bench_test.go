@@ -66,12 +66,23 @@ import (
 // KDEDUP_BENCH_AFTER_RECORDS (default 0: none) then feeds the ready
 // worker that many new keys at KDEDUP_BENCH_RATE records/s (default
 // 50,000) and reports the phase with the prefix after- (decideAtRate);
-// KDEDUP_BENCH_CPUPROFILE=file profiles that phase.
+// KDEDUP_BENCH_CPUPROFILE=file profiles that phase. KDEDUP_BENCH_CRASH
+// (any value; the worker process only) then kills the worker with
+// SIGKILL and starts it again on its data directory, and reports the
+// restart with the prefix crash-: its seconds and CPU from start to
+// ready (opening the state, the log after each page's floor applied;
+// joining the group; replaying the records after its checkpoint),
+// crash-open-s (the partitions' opening alone, summed:
+// kdedup_store_partition_open_seconds), crash-partitions-opened,
+// crash-replayed (the records replayed) and its memory. The worker then
+// joins as a static member (KDEDUP_INSTANCE_ID, as the chart deploys it),
+// so that the restart gets its partitions back without waiting out the
+// killed member's session.
 //
 //	KDEDUP_TEST_KAFKA=apache KDEDUP_BENCH_KEYS=20000000 go test -run '^$' -bench Replay -benchtime 1x -timeout 60m ./internal/harness
 //	KDEDUP_TEST_KAFKA=apache KDEDUP_BENCH_KEYS=100000000 KDEDUP_BENCH_WORKER_PROCESS=1 \
-//	  KDEDUP_BENCH_MEMORY_LIMIT=2147483648 KDEDUP_BENCH_WORKER_ENV=KDEDUP_FLUSH_BYTES=2MiB \
-//	  KDEDUP_BENCH_AFTER_RECORDS=1000000 go test -run '^$' -bench Replay -benchtime 1x -timeout 90m ./internal/harness
+//	  KDEDUP_BENCH_MEMORY_LIMIT=2147483648 KDEDUP_BENCH_AFTER_RECORDS=3000000 \
+//	  KDEDUP_BENCH_CRASH=1 go test -run '^$' -bench Replay -benchtime 1x -timeout 90m ./internal/harness
 func BenchmarkReplay(b *testing.B) {
 	keys := benchenv.Int(b, "KDEDUP_BENCH_KEYS", 1_000_000)
 	partitions := max(benchenv.Int(b, "KDEDUP_BENCH_PARTITIONS", 4), 1)
@@ -119,6 +130,12 @@ func BenchmarkReplay(b *testing.B) {
 		if mem := os.Getenv("KDEDUP_BENCH_MEMORY"); mem != "" {
 			env["KDEDUP_MEMORY_BYTES"] = mem
 		}
+		if os.Getenv("KDEDUP_BENCH_CRASH") != "" {
+			// As the chart deploys it (staticMembership): the restarted
+			// worker gets its partitions back without waiting out the
+			// killed member's session.
+			env["KDEDUP_INSTANCE_ID"] = "replay-0"
+		}
 		for kv := range strings.SplitSeq(os.Getenv("KDEDUP_BENCH_WORKER_ENV"), ",") {
 			if kv == "" {
 				continue
@@ -145,6 +162,25 @@ func BenchmarkReplay(b *testing.B) {
 		r.mem.report(b, "")
 		if after := benchenv.Int(b, "KDEDUP_BENCH_AFTER_RECORDS", 0); after > 0 {
 			decideAtRate(b, cl, adm, w, in, out, group, keys, after, partitions)
+		}
+		if os.Getenv("KDEDUP_BENCH_CRASH") != "" {
+			c, ok := w.(*childProcess)
+			if !ok {
+				b.Fatal("KDEDUP_BENCH_CRASH needs KDEDUP_BENCH_WORKER_PROCESS")
+			}
+			c = c.crash(env)
+			w = c
+			r := c.ran()
+			b.ReportMetric(r.readyAt.Sub(r.started).Seconds(), "crash-restart-s")
+			b.ReportMetric(float64(r.cpu)/1e9, "crash-restart-cpu-s")
+			metrics, err := harness.Scrape(context.Background(), c.addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(metrics["kdedup_replayed_records_total"], "crash-replayed")
+			b.ReportMetric(metrics["kdedup_store_partition_open_seconds_sum"], "crash-open-s")
+			b.ReportMetric(metrics["kdedup_store_partition_open_seconds_count"], "crash-partitions-opened")
+			r.mem.report(b, "crash-")
 		}
 		if err := w.stop(); err != nil {
 			b.Fatal(err)
@@ -234,6 +270,7 @@ func (p *inProcess) cpuProfile(file string) func() error {
 // memory cgroup of KDEDUP_BENCH_MEMORY_LIMIT bytes when that is set.
 type childProcess struct {
 	b      *testing.B
+	bin    string
 	cmd    *exec.Cmd
 	done   chan error
 	addr   string
@@ -253,25 +290,36 @@ func startWorkerProcess(b *testing.B, env map[string]string) *childProcess {
 			b.Fatalf("building kdedup: %v\n%s", err, out)
 		}
 	}
+	var cg *benchenv.MemoryCgroup
+	if limit := benchenv.Int(b, "KDEDUP_BENCH_MEMORY_LIMIT", 0); limit > 0 {
+		var err error
+		if cg, err = benchenv.NewMemoryCgroup(fmt.Sprintf("kdedup-bench-%d", os.Getpid()), int64(limit)); err != nil {
+			b.Fatalf("KDEDUP_BENCH_MEMORY_LIMIT=%d: %v", limit, err)
+		}
+		b.Cleanup(func() {
+			if err := cg.Remove(); err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	return launchWorker(b, bin, cg, env)
+}
+
+// launchWorker starts bin run with env in cg (none when nil) and returns
+// it once ready.
+func launchWorker(b *testing.B, bin string, cg *benchenv.MemoryCgroup, env map[string]string) *childProcess {
 	addr, err := harness.FreeAddr()
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := &childProcess{b: b, addr: addr, done: make(chan error, 1), output: filepath.Join(b.TempDir(), "worker.log")}
+	c := &childProcess{b: b, bin: bin, cg: cg, addr: addr, done: make(chan error, 1),
+		output: filepath.Join(b.TempDir(), "worker.log")}
 	env["KDEDUP_HTTP_ADDR"] = c.addr
 	if os.Getenv("KDEDUP_BENCH_CPUPROFILE") != "" {
 		env["KDEDUP_PPROF"] = "true"
 	}
-	if limit := benchenv.Int(b, "KDEDUP_BENCH_MEMORY_LIMIT", 0); limit > 0 {
-		if c.cg, err = benchenv.NewMemoryCgroup(fmt.Sprintf("kdedup-bench-%d", os.Getpid()), int64(limit)); err != nil {
-			b.Fatalf("KDEDUP_BENCH_MEMORY_LIMIT=%d: %v", limit, err)
-		}
-		b.Cleanup(func() {
-			if err := c.cg.Remove(); err != nil {
-				b.Error(err)
-			}
-		})
-		c.cmd = c.cg.Command(bin, "run")
+	if cg != nil {
+		c.cmd = cg.Command(bin, "run")
 	} else {
 		c.cmd = exec.Command(bin, "run")
 	}
@@ -311,6 +359,24 @@ func startWorkerProcess(b *testing.B, env map[string]string) *childProcess {
 	}
 	c.run = replayRun{started: started, readyAt: readyAt, cpu: cpu, mem: c.watch.sample()}
 	return c
+}
+
+// crash kills the worker with SIGKILL, as an OOM kill or a lost node
+// would, and starts it again with env (its data directory) in the same
+// cgroup: the returned worker is ready once it has opened its state (the
+// log after each page's floor applied) and replayed the records after
+// its checkpoint.
+func (c *childProcess) crash(env map[string]string) *childProcess {
+	c.watch.close()
+	if err := c.cmd.Process.Kill(); err != nil {
+		c.b.Fatal(err)
+	}
+	<-c.done
+	c.stopped = true
+	if c.cg != nil {
+		_ = c.cg.ResetPeak()
+	}
+	return launchWorker(c.b, c.bin, c.cg, env)
 }
 
 // fail ends the benchmark with err, the worker's OOM kills and the end of

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -50,8 +51,9 @@ func WorkerEnv(vars ...string) []string {
 // /metrics (Prometheus text format, parsed by prometheus/common's expfmt)
 // and returns, for each metric family, the sum of its samples over their
 // labels: counters', gauges' and untyped metrics' values (a histogram or
-// summary sums to 0). A family the worker does not export is absent from
-// the map. Errors: the request's, a status other than 200, a body that is
+// summary sums to 0; a histogram's sum and count are also under its name
+// with _sum and _count, as the text format names them). A family the
+// worker does not export is absent from the map. Errors: the request's, a status other than 200, a body that is
 // not the text format.
 func Scrape(ctx context.Context, addr string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
@@ -74,6 +76,12 @@ func Scrape(ctx context.Context, addr string) (map[string]float64, error) {
 	sums := make(map[string]float64, len(mfs))
 	for name, mf := range mfs {
 		sums[name] = benchenv.FamilySum(mf)
+		if mf.GetType() == dto.MetricType_HISTOGRAM {
+			for _, m := range mf.GetMetric() {
+				sums[name+"_sum"] += m.GetHistogram().GetSampleSum()
+				sums[name+"_count"] += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
 	}
 	return sums, nil
 }
