@@ -17,7 +17,8 @@ import (
 )
 
 // TestScrape: Scrape sums each family's samples over their labels as the
-// worker's registry serves them, leaves out families not exported, and
+// worker's registry serves them (a histogram's sum and count under _sum
+// and _count), leaves out families not exported, and
 // fails on a server that does not serve metrics.
 func TestScrape(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -31,6 +32,7 @@ func TestScrape(t *testing.T) {
 	records.WithLabelValues(`odd "topic" {x}`, "2").Add(0.25)
 	ready.Set(1)
 	lat.Observe(2)
+	lat.Observe(0.5)
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
 	addr := strings.TrimPrefix(srv.URL, "http://")
@@ -39,7 +41,8 @@ func TestScrape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]float64{"kdedup_records_total": 7.75, "kdedup_worker_ready": 1, "kdedup_commit_seconds": 0}
+	want := map[string]float64{"kdedup_records_total": 7.75, "kdedup_worker_ready": 1, "kdedup_commit_seconds": 0,
+		"kdedup_commit_seconds_sum": 2.5, "kdedup_commit_seconds_count": 2}
 	for name, v := range want {
 		if g, ok := got[name]; !ok || g != v {
 			t.Errorf("%s = %v (exported %v), want %v", name, g, ok, v)
