@@ -53,8 +53,8 @@ func WorkerEnv(vars ...string) []string {
 // labels: counters', gauges' and untyped metrics' values (a histogram or
 // summary sums to 0; a histogram's sum and count are also under its name
 // with _sum and _count, as the text format names them). A family the
-// worker does not export is absent from the map. Errors: the request's, a status other than 200, a body that is
-// not the text format.
+// worker does not export is absent from the map. Errors: the request's, a
+// status other than 200, a body that is not the text format.
 func Scrape(ctx context.Context, addr string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
