@@ -89,5 +89,15 @@
 //   - skipbatch.go: input batches over MaxDecompressBytes, decided as
 //     skips.
 //   - liveness.go: the Progress a liveness check reads.
+//   - ready.go: readiness once the group's assignment is complete (the
+//     cooperative-sticky balancer's second round included).
+//   - groupparams.go: the state parameters every member of a group must
+//     share, named in each member's client id and compared before the
+//     first fetch (ErrGroupParams).
+//   - origin.go: the topic incarnation and cluster a partition's state
+//     belongs to (store.Origin), and what the plan does with local state
+//     or a snapshot of another.
+//   - forward.go: producing forwarded records without an allocation each
+//     (pooled records and delivery promises).
 //   - metrics.go: the worker's metrics and its per-partition collector.
 package consumer

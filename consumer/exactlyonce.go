@@ -170,7 +170,7 @@ func (w *Worker) transactLoop(ctx context.Context) error {
 // It reads the partitions' deduplicators, so it runs only where the
 // transaction loop owns them: with rebalances blocked (between a poll and
 // AllowRebalance), when no revocation can close one.
-func (w *Worker) txnBudget() int { return w.txnBudgetOf(w.partitionsSnapshot()) }
+func (w *Worker) txnBudget() int { return w.txnBudgetOf(w.assignedPartitions()) }
 
 // txnBudgetOf is txnBudget over parts.
 func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
@@ -336,7 +336,7 @@ func (w *Worker) transact(ctx context.Context, fetches kgo.Fetches) error {
 // (txnReserve: a transaction adds at most what txnBudget leaves).
 func (w *Worker) flushDue() {
 	consolidated := false
-	for _, pw := range w.partitionsSnapshot() {
+	for _, pw := range w.assignedPartitions() {
 		if pw.owner() != ownerLoop {
 			continue // its restore goroutine owns (or may be about to own) the deduplicator
 		}

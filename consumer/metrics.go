@@ -126,7 +126,7 @@ func (c partitionCollector) Collect(ch chan<- prometheus.Metric) {
 	// Copy under the lock, send after: a send blocks until the registry
 	// takes the metric, and the registry meanwhile evaluates other
 	// collectors' metrics, which must never wait for Worker.mu held here.
-	for _, s := range c.w.partitionSnapshot() {
+	for _, s := range c.w.assignedGauges() {
 		p := strconv.Itoa(int(s.tp.Partition))
 		ch <- prometheus.MustNewConstMetric(c.replayLeft, prometheus.GaugeValue, float64(s.replayLeft), s.tp.Topic, p)
 		if s.highWatermark >= 0 && s.next >= 0 {
@@ -149,9 +149,9 @@ type partitionGauges struct {
 	replayLeft, highWatermark, next, committed, snapOffset, snapAt int64
 }
 
-// partitionSnapshot returns the gauges of every assigned partition, read
+// assignedGauges returns the gauges of every assigned partition, read
 // under mu, which it releases before returning.
-func (w *Worker) partitionSnapshot() []partitionGauges {
+func (w *Worker) assignedGauges() []partitionGauges {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := make([]partitionGauges, 0, len(w.parts))

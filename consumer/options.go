@@ -227,12 +227,12 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// validate returns every problem of o (after defaults), joined: a required
-// field missing, a topic used for two purposes, or ErrStaging.
 // DefaultTransactionInterval is TransactionInterval's default: Kafka
 // Streams' commit.interval.ms under exactly-once.
 const DefaultTransactionInterval = 100 * time.Millisecond
 
+// validate returns every problem of o (after defaults), joined: a required
+// field missing, a topic used for two purposes, or ErrStaging.
 func (o Options) validate() error {
 	var errs []error
 	if len(o.Brokers) == 0 {

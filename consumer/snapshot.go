@@ -143,7 +143,7 @@ func (s *snapshotter) loop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, pw := range s.w.partitionsSnapshot() {
+		for _, pw := range s.w.assignedPartitions() {
 			if ctx.Err() != nil {
 				return
 			}

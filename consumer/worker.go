@@ -72,7 +72,7 @@ type Worker struct {
 
 	// mu guards connected, parts, closing, plansStopped, cancelPlans,
 	// fatalErr and cancelPoll, and the writes of cl and sess (publish). It
-	// is held only to read and write these (and, in partitionSnapshot, to
+	// is held only to read and write these (and, in assignedGauges, to
 	// read the partitions' atomics), never across a partition stop, a
 	// Kafka request or a send on a channel.
 	mu         sync.Mutex
@@ -400,8 +400,8 @@ func (w *Worker) closeClient() {
 // batches of it.
 const pollRecords = 10_000
 
-// partitionsSnapshot returns the assigned partitions, read under mu.
-func (w *Worker) partitionsSnapshot() []*partitionWorker {
+// assignedPartitions returns the assigned partitions, read under mu.
+func (w *Worker) assignedPartitions() []*partitionWorker {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	parts := make([]*partitionWorker, 0, len(w.parts))

@@ -6,6 +6,8 @@
 //	kdedup demo     run the worker against an in-process broker and check it
 //	kdedup bench    compare its records/s with a passthrough on that broker
 //	                (-broker apache: and with Kafka Streams, on Apache Kafka)
+//	kdedup bench-move  time a partition's move to an empty disk: from a
+//	                snapshot, with a gap to replay, and by a full replay
 //	kdedup inspect  print the filter state of a stopped worker's data directory
 //	kdedup check    tell whether a dedup key would be dropped by that state
 //	kdedup version  print the version, commit and Go version (also -version, --version)
