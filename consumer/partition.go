@@ -408,8 +408,9 @@ const consolidateIdleIntervals = 10
 // nothing uncommitted: a write batch logs changes so that its bytes follow
 // the records it carries, and an idle partition, whose write batches no
 // longer carry the write-back, has the time to finish it, bringing its
-// state at rest back to its page bytes and an empty log. It runs where flush runs and, like flush, never while a replay
-// owns the deduplicator; one partition of the worker at a time. It reports
+// state at rest back to its page bytes and an empty log. It runs where
+// flush runs and, like flush, never while a replay owns the deduplicator;
+// one partition of the worker at a time. It reports
 // whether it took a step. The store remembers that nothing is left, so the
 // steps of a partition that stays idle cost nothing.
 func (pw *partitionWorker) consolidateIdle() (stepped bool) {

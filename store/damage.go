@@ -46,6 +46,13 @@ func (db *DB) corrupted(err error) error {
 	return err
 }
 
+// isDamaged reports whether err, from reading stored entries, says they
+// are damaged: an entry that cannot be right (errBadEntry, or ErrCorrupt
+// already), a failed checksum or a lost value-log entry.
+func isDamaged(err error) bool {
+	return errors.Is(err, errBadEntry) || errors.Is(err, ErrCorrupt) || isChecksumError(err) || isLostValueError(err)
+}
+
 // isChecksumError reports whether err from Badger is a failed checksum.
 // Badger's y.Wrap formats the cause into the message outside its debug
 // builds, so the message is what can be tested.

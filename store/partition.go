@@ -160,7 +160,7 @@ func (p *PartitionState) load() error {
 		return fmt.Errorf("store: loading %s: %w", p.tp, err)
 	}
 	if err := p.db.bdb.View(func(txn *badger.Txn) error { return p.replayLog(txn, p.reclaim) }); err != nil {
-		if errors.Is(err, ErrCorrupt) || isChecksumError(err) || isLostValueError(err) {
+		if isDamaged(err) {
 			return p.db.corrupted(fmt.Errorf("store: loading %s: replaying its log: %w", p.tp, corruptError(p.db.where, err.Error())))
 		}
 		return fmt.Errorf("store: loading %s: replaying its log: %w", p.tp, err)
@@ -413,16 +413,11 @@ func (p *PartitionState) load1(id filter.PageID) (*cachedPage, error) {
 // stored entry that cannot be right is ErrCorrupt (logged and counted as
 // corruption).
 func (p *PartitionState) readFailed(id filter.PageID, err error) error {
-	switch {
-	case errors.Is(err, errBadEntry):
+	if isDamaged(err) {
 		return p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp,
 			corruptError(p.db.where, err.Error())))
-	case isChecksumError(err), isLostValueError(err):
-		return p.db.corrupted(fmt.Errorf("store: reading %s of %s: %w",
-			fmtPageID(id), p.tp, corruptError(p.db.where, err.Error())))
-	default:
-		return fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, err)
 	}
+	return fmt.Errorf("store: reading %s of %s: %w", fmtPageID(id), p.tp, err)
 }
 
 // MarkDirty records that page, the slice Page returned for id, was modified
