@@ -17,7 +17,7 @@ import (
 // kgo.GroupTransactSession), otherwise marked offsets committed every
 // FlushInterval. The worker adds its group callbacks, producer batch limits,
 // logger, ConnOpts and ClientOpts. A baseline that consumes as the worker
-// does (kdedup bench's passthrough) takes these, so that it cannot drift
+// does (kdedup-bench peers' passthrough) takes these, so that it cannot drift
 // from the worker's settings.
 func (o Options) GroupClientOpts() []kgo.Opt {
 	o = o.withDefaults()

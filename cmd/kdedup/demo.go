@@ -15,7 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/config"
-	"github.com/kdedup/kdedup/internal/harness"
+	"github.com/kdedup/kdedup/internal/app"
+	"github.com/kdedup/kdedup/internal/embedded"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
@@ -80,13 +81,13 @@ type demoOptions struct {
 // worker's records/s.
 func runDemo(ctx context.Context, o demoOptions, recs []*kgo.Record, stdout, stderr io.Writer) (float64, error) {
 	const in, out, group = "events", "events-dedup", "kdedup-demo"
-	cluster, err := harness.NewCluster(o.partitions, in, out)
+	cluster, err := embedded.NewCluster(o.partitions, in, out)
 	if err != nil {
 		return 0, err
 	}
 	defer cluster.Close()
 
-	recs = harness.CloneRecords(recs)
+	recs = embedded.CloneRecords(recs)
 	if err := cluster.Produce(ctx, in, recs, stdout); err != nil {
 		return 0, err
 	}
@@ -113,12 +114,12 @@ func runDemo(ctx context.Context, o demoOptions, recs []*kgo.Record, stdout, std
 		return 0, fmt.Errorf("%w: %v", errUsage, err)
 	}
 
-	w, err := harness.StartWorker(ctx, cfg, newLogger(stderr, cfg.SlogLevel(), cfg.LogFormat))
+	w, err := embedded.StartWorker(ctx, cfg, app.NewLogger(stderr, cfg.SlogLevel(), cfg.LogFormat))
 	if err != nil {
 		return 0, err
 	}
 	wait, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	_, err = harness.WaitCommitted(wait, cluster.Admin, group, in, len(recs), w.ReadyAt, stdout)
+	_, err = embedded.WaitCommitted(wait, cluster.Admin, group, in, len(recs), w.ReadyAt, stdout)
 	cancel()
 	if err != nil {
 		_ = w.Stop()

@@ -12,7 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/config"
-	"github.com/kdedup/kdedup/internal/harness"
+	"github.com/kdedup/kdedup/internal/app"
+	"github.com/kdedup/kdedup/internal/embedded"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
@@ -25,12 +26,12 @@ import (
 // decided it all.
 func runMoveDemo(ctx context.Context, o demoOptions, recs []*kgo.Record, stdout, stderr io.Writer) error {
 	const in, out, group = "events", "events-dedup", "kdedup-demo-move"
-	cluster, err := harness.NewCluster(o.partitions, in, out)
+	cluster, err := embedded.NewCluster(o.partitions, in, out)
 	if err != nil {
 		return err
 	}
 	defer cluster.Close()
-	recs = harness.CloneRecords(recs)
+	recs = embedded.CloneRecords(recs)
 	half := len(recs) / 2
 	root, err := os.MkdirTemp("", "kdedup-demo-move-")
 	if err != nil {
@@ -53,12 +54,12 @@ func runMoveDemo(ctx context.Context, o demoOptions, recs []*kgo.Record, stdout,
 		if err != nil {
 			return 0, 0, 0, 0, fmt.Errorf("%w: %v", errUsage, err)
 		}
-		w, err := harness.StartWorker(ctx, cfg, newLogger(stderr, cfg.SlogLevel(), cfg.LogFormat))
+		w, err := embedded.StartWorker(ctx, cfg, app.NewLogger(stderr, cfg.SlogLevel(), cfg.LogFormat))
 		if err != nil {
 			return 0, 0, 0, 0, err
 		}
 		wait, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		_, err = harness.WaitCommitted(wait, cluster.Admin, group, in, total, w.ReadyAt, io.Discard)
+		_, err = embedded.WaitCommitted(wait, cluster.Admin, group, in, total, w.ReadyAt, io.Discard)
 		cancel()
 		mfs, gerr := w.Registry.Gather()
 		if serr := w.Stop(); err == nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/internal/app"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -361,7 +362,7 @@ func openState(dir string, stderr io.Writer) (*store.DB, error) {
 	case !fi.IsDir():
 		return nil, fmt.Errorf("%w: data directory %s is not a directory", errUsage, dir)
 	}
-	log := newLogger(stderr, slog.LevelWarn, "text")
+	log := app.NewLogger(stderr, slog.LevelWarn, "text")
 	open := func(pageBytes int) (*store.DB, error) {
 		// A small cache: inspect reads no page, check one per sub-filter.
 		db, err := store.Open(store.Options{Dir: dir, ReadOnly: true, PageBytes: pageBytes, CacheBytes: 1 << 20, Logger: log})

@@ -4,10 +4,6 @@
 //
 //	kdedup [run]    run the worker, configured by KDEDUP_* variables
 //	kdedup demo     run the worker against an in-process broker and check it
-//	kdedup bench    compare its records/s with a passthrough on that broker
-//	                (-broker apache: and with Kafka Streams, on Apache Kafka)
-//	kdedup bench-move  time a partition's move to an empty disk: from a
-//	                snapshot, with a gap to replay, and by a full replay
 //	kdedup inspect  print the filter state of a stopped worker's data directory
 //	kdedup check    tell whether a dedup key would be dropped by that state
 //	kdedup version  print the version, commit and Go version (also -version, --version)
@@ -20,6 +16,10 @@
 // KDEDUP_SHUTDOWN_TIMEOUT), 2 bad configuration or usage; nothing else
 // exits 2. kdedup run logs the error that ends it as one structured line
 // (KDEDUP_LOG_FORMAT) at ERROR level.
+//
+// The benchmark commands are a developer command of their own,
+// cmd/kdedup-bench: this binary links no test or benchmark rig
+// (TestProductDependencies).
 package main
 
 import (
@@ -27,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -88,10 +87,6 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return runCmd(ctx, args, stderr)
 	case "demo":
 		return demoCmd(ctx, args, stdout, stderr)
-	case "bench":
-		return benchCmd(ctx, args, stdout, stderr)
-	case "bench-move":
-		return benchMoveCmd(ctx, args, stdout, stderr)
 	case "inspect":
 		return inspectCmd(args, stdout, stderr)
 	case "check":
@@ -102,6 +97,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case "help", "-h", "--help":
 		usage(stdout)
 		return nil
+	case "bench", "bench-move":
+		return fmt.Errorf("%w: %q is a developer command now: go run ./cmd/kdedup-bench %s (see BENCHMARKS.md)", errUsage, cmd, map[string]string{"bench": "peers", "bench-move": "move"}[cmd])
 	}
 	usage(stderr)
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
@@ -113,11 +110,6 @@ func usage(w io.Writer) {
 usage:
   kdedup [run]     run the worker (configured by KDEDUP_* environment variables)
   kdedup demo      run the worker against an in-process broker and check its output
-  kdedup bench     compare the worker's records/s with a passthrough on an in-process broker
-                   (-broker apache: kdedup, the passthrough and Kafka Streams on Apache Kafka)
-  kdedup bench-move
-                   time moving a partition to a worker with an empty disk: with snapshots
-                   (planned, and with a gap to replay) and by full replay
   kdedup inspect [-data-dir DIR] [-json] [-topic T] [-partition P]
                    print each topic-partition's checkpoint, filter parameters, watermark,
                    sub-filters and totals from a stopped worker's data directory (read-only)
@@ -129,12 +121,4 @@ usage:
 
 Configuration variables: kdedup run -h. Each command takes -h.
 `)
-}
-
-func newLogger(w io.Writer, level slog.Level, format string) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: level}
-	if format == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
-	}
-	return slog.New(slog.NewJSONHandler(w, opts))
 }

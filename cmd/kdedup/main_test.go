@@ -236,3 +236,15 @@ func TestVersionLinkTime(t *testing.T) {
 		t.Errorf("--version printed %q, want %q", out, want)
 	}
 }
+
+// The benchmark commands left this binary: asking for them is a usage
+// error (exit 2) that names the developer command to run instead.
+func TestBenchCommandsMoved(t *testing.T) {
+	for cmd, want := range map[string]string{"bench": "kdedup-bench peers", "bench-move": "kdedup-bench move"} {
+		var out bytes.Buffer
+		err := dispatch(context.Background(), []string{cmd}, &out, &out)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), want) {
+			t.Errorf("kdedup %s: %v, want a usage error naming %q", cmd, err, want)
+		}
+	}
+}

@@ -48,10 +48,10 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 				problems = append(problems, p.String())
 			}
 		}
-		newLogger(stderr, slog.LevelError, format).Error("invalid configuration", "problems", problems, "exit_code", 2)
+		app.NewLogger(stderr, slog.LevelError, format).Error("invalid configuration", "problems", problems, "exit_code", 2)
 		return fmt.Errorf("%w: invalid configuration:\n%v", errUsage, err)
 	}
-	log := newLogger(stderr, cfg.SlogLevel(), cfg.LogFormat)
+	log := app.NewLogger(stderr, cfg.SlogLevel(), cfg.LogFormat)
 	b := currentBuild()
 	log.Info("kdedup", "version", b.Version, "commit", b.Commit, "go", b.GoVersion)
 	app.SetMemoryLimit(cfg, log)

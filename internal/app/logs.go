@@ -2,11 +2,23 @@ package app
 
 import (
 	"context"
+	"io"
 	"log/slog"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kslog"
 )
+
+// NewLogger is the worker's logger: slog lines to w at level and above, as
+// JSON, or as slog's text format when format is "text"
+// (KDEDUP_LOG_FORMAT, KDEDUP_LOG_LEVEL). Safe for concurrent use.
+func NewLogger(w io.Writer, level slog.Level, format string) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
 
 // clientLogger is the franz-go logger of a worker that logs at level:
 // franz-go's informational chatter (about 20 lines per start-up: metadata,

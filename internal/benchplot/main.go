@@ -15,7 +15,7 @@
 //     growth, sub_filters, keys, then FPR columns; an empty cell is no point).
 //   - load: `go test -bench Peer` output of filter/peer_bench_test.go; with
 //     -count above 1 each point is the median.
-//   - throughput: `kdedup bench` output (its "round N: name: ... records/s"
+//   - throughput: `kdedup-bench peers` output (its "round N: name: ... records/s"
 //     lines and the "steady state" line after each); each bar is the median
 //     over rounds.
 //   - scale: `go test -bench Scale` output of store/scale_bench_test.go
@@ -264,7 +264,7 @@ var (
 	steadyLine = regexp.MustCompile(`^steady state .*: (\d+) records/s$`)
 )
 
-// throughputPlot draws, for each run kind of kdedup bench, a bar of its
+// throughputPlot draws, for each run kind of kdedup-bench peers, a bar of its
 // records/s from group join to last commit and one of its steady-state
 // records/s (each the median over rounds), values written above the bars.
 func throughputPlot(r io.Reader) (*plot.Plot, error) {
@@ -309,7 +309,7 @@ func throughputPlot(r io.Reader) (*plot.Plot, error) {
 		labels.Labels = append(labels.Labels, fmt.Sprintf("%.0f", vals[i]))
 	}
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("kdedup bench: records/s, median of %d rounds", len(rates[order[0]]))
+	p.Title.Text = fmt.Sprintf("kdedup-bench peers: records/s, median of %d rounds", len(rates[order[0]]))
 	p.Y.Label.Text = "records/s"
 	p.Y.Min = 0
 	bars, err := plotter.NewBarChart(vals, 2*vg.Centimeter)

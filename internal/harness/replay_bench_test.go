@@ -23,6 +23,7 @@ import (
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/internal/app"
 	"github.com/kdedup/kdedup/internal/benchenv"
+	"github.com/kdedup/kdedup/internal/embedded"
 	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/kafkatest"
 	"github.com/kdedup/kdedup/internal/scenario"
@@ -211,10 +212,10 @@ type replayRun struct {
 	mem              memorySample
 }
 
-// inProcess is the worker in this process (harness.StartWorker): its CPU
+// inProcess is the worker in this process (embedded.StartWorker): its CPU
 // and memory are this process's, the broker's with kfake.
 type inProcess struct {
-	w     *harness.Worker
+	w     *embedded.Worker
 	b     *testing.B
 	run   replayRun
 	watch *memoryWatch
@@ -234,7 +235,7 @@ func startWorkerInProcess(b *testing.B, env map[string]string) *inProcess {
 	debug.FreeOSMemory() // the producer's buffers returned, out of the worker's peak
 	watch := watchMemory(b, os.Getpid(), nil)
 	cpu := benchenv.CPU(b)
-	w, err := harness.StartWorker(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w, err := embedded.StartWorker(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -348,7 +349,7 @@ func launchWorker(b *testing.B, bin string, cg *benchenv.MemoryCgroup, env map[s
 		}
 	})
 	c.watch = watchMemory(b, c.cmd.Process.Pid, c.cg)
-	readyAt, err := harness.WaitReady(context.Background(), c.addr, c.done)
+	readyAt, err := embedded.WaitReady(context.Background(), c.addr, c.done)
 	if err != nil {
 		c.stopped = true // WaitReady took its exit from done (its only error here)
 		c.fail("before it was ready", err)

@@ -1,3 +1,10 @@
+// Package harness holds what the benchmarks need of a worker run as a
+// child process (`kdedup run`): a free address for its HTTP server, its
+// environment, and its metrics and CPU profile read over that server; and
+// the worker-level benchmarks themselves (BenchmarkReplay,
+// BenchmarkRestoreMemory). The in-process broker and worker are in
+// internal/embedded. It is a benchmark rig: the product binary must not
+// import it.
 package harness
 
 import (

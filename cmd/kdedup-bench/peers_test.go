@@ -10,7 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/kdedup/kdedup/internal/harness"
+	"github.com/kdedup/kdedup/internal/embedded"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
@@ -24,7 +24,7 @@ func TestPassthroughChild(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			const group, out = "pass", "pass-out"
-			c, err := harness.NewCluster(2, "events", out)
+			c, err := embedded.NewCluster(2, "events", out)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -39,7 +39,7 @@ func TestPassthroughChild(t *testing.T) {
 			pctx, stop := context.WithCancel(ctx)
 			done := make(chan error, 1)
 			go func() { done <- passthroughChild(pctx, c.Brokers, group, out, delivery) }()
-			_, err = harness.WaitCommitted(ctx, c.Admin, group, "events", len(recs), time.Now(), io.Discard)
+			_, err = embedded.WaitCommitted(ctx, c.Admin, group, "events", len(recs), time.Now(), io.Discard)
 			stop()
 			if perr := <-done; perr != nil {
 				t.Fatalf("passthrough: %v", perr)

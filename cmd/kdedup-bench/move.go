@@ -19,14 +19,16 @@ import (
 
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/filter"
-	"github.com/kdedup/kdedup/internal/harness"
+	"github.com/kdedup/kdedup/internal/app"
+	"github.com/kdedup/kdedup/internal/benchenv"
+	"github.com/kdedup/kdedup/internal/embedded"
 	"github.com/kdedup/kdedup/internal/kafkatest"
 	"github.com/kdedup/kdedup/internal/s3test"
 	"github.com/kdedup/kdedup/snapshot"
 	"github.com/kdedup/kdedup/store"
 )
 
-// benchMoveCmd measures what moving one topic-partition to a worker with
+// moveCmd measures what moving one topic-partition to a worker with
 // an empty disk costs, with snapshots and without (see BENCHMARKS.md,
 // "Moving a partition"):
 //
@@ -39,8 +41,8 @@ import (
 //     group (a crash, or an interval's worth);
 //  4. worker C, empty disk, restores the snapshot and replays the gap;
 //  5. worker D, empty disk, no snapshots: the full replay of today.
-func benchMoveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench-move", flag.ContinueOnError)
+func moveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("move", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	keys := fs.Int("keys", 25_000_000, "records of distinct 16-byte keys the partition holds before the move")
 	gap := fs.Int("gap", 1_200_000, "records decided after the newest snapshot before the unplanned move (a minute at 20,000 records/s)")
@@ -70,7 +72,7 @@ func benchMoveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		defer cluster.Close()
 		brokers = cluster.Addrs()
 	case "kfake":
-		cluster, err := harness.NewCluster(1)
+		cluster, err := embedded.NewCluster(1)
 		if err != nil {
 			return err
 		}
@@ -139,7 +141,7 @@ func benchMoveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stdout, "produced %d records in %s\n", n, time.Since(start).Round(time.Millisecond))
 		return nil
 	}
-	worker := func(name, dir string, snapshots bool) (*harness.Worker, error) {
+	worker := func(name, dir string, snapshots bool) (*embedded.Worker, error) {
 		env := map[string]string{
 			"KDEDUP_BROKERS": brokers[0], "KDEDUP_INPUT_TOPICS": in, "KDEDUP_OUTPUT_TOPIC": out, "KDEDUP_GROUP": group,
 			"KDEDUP_DATA_DIR": filepath.Join(root, dir), "KDEDUP_HTTP_ADDR": "127.0.0.1:0",
@@ -154,15 +156,15 @@ func benchMoveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errUsage, err)
 		}
-		return harness.StartWorker(ctx, cfg, newLogger(stderr, cfg.SlogLevel(), cfg.LogFormat))
+		return embedded.StartWorker(ctx, cfg, app.NewLogger(stderr, cfg.SlogLevel(), cfg.LogFormat))
 	}
-	decide := func(w *harness.Worker, name string) error {
+	decide := func(w *embedded.Worker, name string) error {
 		wait, cancel := context.WithTimeout(ctx, 30*time.Minute)
 		defer cancel()
-		_, err := harness.WaitCommitted(wait, adm, group, in, produced, w.ReadyAt, stdout)
+		_, err := embedded.WaitCommitted(wait, adm, group, in, produced, w.ReadyAt, stdout)
 		return err
 	}
-	hist := func(w *harness.Worker, name string) (sum float64, count uint64) {
+	hist := func(w *embedded.Worker, name string) (sum float64, count uint64) {
 		mfs, err := w.Registry.Gather()
 		if err != nil {
 			return 0, 0
@@ -177,12 +179,18 @@ func benchMoveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		return sum, count
 	}
-	counter := func(w *harness.Worker, name string) float64 {
+	counter := func(w *embedded.Worker, name string) float64 {
 		mfs, err := w.Registry.Gather()
 		if err != nil {
 			return 0
 		}
-		return sumMetric(mfs, name)
+		total := 0.0
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				total += benchenv.FamilySum(mf)
+			}
+		}
+		return total
 	}
 
 	// 1. A builds the state and stops: its last snapshot uploads.
@@ -286,7 +294,7 @@ func benchMoveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 // interval): wall time and this process's CPU time (export, compression,
 // SHA-256, the HTTP client; the store's server is another process).
 func measureUploads(ctx context.Context, dir, snapURL string, tp store.TopicPartition, stdout io.Writer) error {
-	db, err := store.Open(store.Options{Dir: dir, ReadOnly: true, Logger: newLogger(io.Discard, 0, "text")})
+	db, err := store.Open(store.Options{Dir: dir, ReadOnly: true, Logger: app.NewLogger(io.Discard, 0, "text")})
 	if err != nil {
 		return err
 	}

@@ -1,14 +1,17 @@
-// Package harness runs kdedup in process against an in-process
+// Package embedded runs kdedup in process against an in-process
 // Kafka-protocol broker (franz-go's kfake): it starts the broker, produces a
 // stream with progress, runs the real worker (internal/app.Run) until it is
 // ready, and waits for a consumer group to commit the end of the input,
-// measuring the committed offsets' rate; for a worker run as a child
-// process (kdedup run) it gives a free address, the environment, and reads
-// the worker's metrics and CPU profile over its HTTP server (worker.go).
-// kdedup demo, kdedup bench, BenchmarkReplay and the end-to-end tests share
-// it. It is apart from internal/scenario, the exact model the worker is
-// checked against, so that the model never depends on the code it checks.
-package harness
+// measuring the committed offsets' rate. It is what `kdedup demo` runs on,
+// so it is part of the product binary and imports no test or benchmark
+// rig (cmd/kdedup's TestProductDependencies); the end-to-end tests and the
+// benchmarks (internal/harness, cmd/kdedup-bench) build on it too. It is
+// apart from internal/scenario, the exact model the worker is checked
+// against, so that the model never depends on the code it checks.
+//
+// The package's functions may run concurrently; a Worker's Stop is called
+// once.
+package embedded
 
 import (
 	"context"

@@ -21,14 +21,14 @@ func TestBenchPeersFlags(t *testing.T) {
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			var out bytes.Buffer
-			if err := dispatch(context.Background(), append([]string{"bench"}, args...), &out, &out); !errors.Is(err, errUsage) {
-				t.Fatalf("bench %v: %v, want a usage error", args, err)
+			if err := dispatch(context.Background(), append([]string{"peers"}, args...), &out, &out); !errors.Is(err, errUsage) {
+				t.Fatalf("peers %v: %v, want a usage error", args, err)
 			}
 		})
 	}
 }
 
-// TestBenchPeers runs `kdedup bench -broker apache` on a small stream: the
+// TestBenchPeers runs `kdedup-bench peers -broker apache` on a small stream: the
 // Kafka Streams deduplicator builds with Maven, and kdedup, the passthrough
 // and the Kafka Streams deduplicator, each in both delivery modes, produce
 // exactly their model (the deduplicated stream; every record for the
@@ -38,18 +38,22 @@ func TestBenchPeers(t *testing.T) {
 	if os.Getenv("KDEDUP_TEST_KAFKA") != "apache" {
 		t.Skip("starts Apache Kafka and the Kafka Streams peer (Java 17 and Maven): set KDEDUP_TEST_KAFKA=apache")
 	}
-	// The systems run as processes of this command's binary (kdedup run),
-	// so the test needs the binary rather than the test executable.
-	bin := filepath.Join(t.TempDir(), "kdedup")
-	if b, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, b)
+	// The passthrough runs as a process of this command's binary and the
+	// worker as kdedup run, so the test needs both binaries rather than
+	// the test executable.
+	dir := t.TempDir()
+	bench, kdedup := filepath.Join(dir, "kdedup-bench"), filepath.Join(dir, "kdedup")
+	for bin, pkg := range map[string]string{bench: ".", kdedup: "../kdedup"} {
+		if b, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+		}
 	}
-	cmd := exec.Command(bin, "bench", "-broker", "apache", "-records", "4000", "-partitions", "2", "-kstreams-dir", "../../bench/kstreams-peer")
+	cmd := exec.Command(bench, "peers", "-broker", "apache", "-records", "4000", "-partitions", "2", "-kstreams-dir", "../../bench/kstreams-peer", "-kdedup", kdedup)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("kdedup bench: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
+		t.Fatalf("kdedup-bench peers: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
 	}
 	rows := map[string]string{}
 	for line := range strings.Lines(string(out)) {

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kdedup/kdedup/internal/embedded"
 	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/kafkatest"
 	"github.com/kdedup/kdedup/internal/scenario"
@@ -45,19 +46,9 @@ type peerResult struct {
 	outputRecords, modelRecs int
 }
 
-// benchPeers runs the comparison on one Apache Kafka broker started by
-// internal/kafkatest: it produces the generated stream once, then, for each
-// round and delivery mode, runs each system of o.peers as its own process
-// (kdedup run; this binary's stateless passthrough; the Kafka Streams
-// deduplicator of bench/kstreams-peer in its own JVM), each in its own
-// group and to its own output topic, rotating their order at every step.
-// Each run is measured from the process's start to its group's commit of
-// the end of the input; the process is then stopped with SIGTERM and its
-// CPU time, peak resident memory and disk writes (shutdown included) are
-// read, its output is read with read_committed and compared with its exact
-// model (internal/scenario: the deduplicated stream, or every record for
-// the passthrough), and its output and changelog topics are deleted.
-func benchPeers(ctx context.Context, o benchOptions, stdout io.Writer) error {
+// checkPeers returns a usage error when o.peers or o.deliveries names a
+// system or a delivery mode benchPeers does not know.
+func checkPeers(o benchOptions) error {
 	for _, p := range o.peers {
 		if p != peerKdedup && p != peerPassthrough && p != peerKStreams {
 			return fmt.Errorf("%w: -peers: unknown system %q (kdedup, passthrough or kstreams)", errUsage, p)
@@ -68,6 +59,22 @@ func benchPeers(ctx context.Context, o benchOptions, stdout io.Writer) error {
 			return fmt.Errorf("%w: -delivery: %q is neither at-least-once nor exactly-once", errUsage, d)
 		}
 	}
+	return nil
+}
+
+// benchPeers runs the comparison on one Apache Kafka broker started by
+// internal/kafkatest: it produces the generated stream once, then, for each
+// round and delivery mode, runs each system of o.peers as its own process
+// (o.kdedupBin run; this binary's stateless passthrough; the Kafka Streams
+// deduplicator of bench/kstreams-peer in its own JVM), each in its own
+// group and to its own output topic, rotating their order at every step.
+// Each run is measured from the process's start to its group's commit of
+// the end of the input; the process is then stopped with SIGTERM and its
+// CPU time, peak resident memory and disk writes (shutdown included) are
+// read, its output is read with read_committed and compared with its exact
+// model (internal/scenario: the deduplicated stream, or every record for
+// the passthrough), and its output and changelog topics are deleted.
+func benchPeers(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -154,13 +161,13 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 			}
 			profile = fmt.Sprintf("%s-%s-%s-%d", o.cpuProfile, system, short, round)
 		}
-		cmd = exec.Command(exe, "run")
+		cmd = exec.Command(o.kdedupBin, "run")
 		cmd.Env = harness.WorkerEnv("KDEDUP_BROKERS="+o.brokers[0], "KDEDUP_INPUT_TOPICS=events", "KDEDUP_OUTPUT_TOPIC="+out,
 			"KDEDUP_GROUP="+group, "KDEDUP_DATA_DIR="+dir, "KDEDUP_HTTP_ADDR="+httpAddr, "KDEDUP_LOG_FORMAT=text",
 			"KDEDUP_LOG_LEVEL=warn", "KDEDUP_DELIVERY="+delivery, "KDEDUP_WINDOW="+o.window.String(),
 			fmt.Sprintf("KDEDUP_PPROF=%t", profile != ""))
 	case peerPassthrough:
-		cmd = exec.Command(exe, "bench", "-passthrough-child", "-brokers", o.brokers[0], "-group", group, "-out", out, "-delivery", delivery)
+		cmd = exec.Command(exe, "peers", "-passthrough-child", "-brokers", o.brokers[0], "-group", group, "-out", out, "-delivery", delivery)
 	case peerKStreams:
 		guarantee := map[string]string{"at-least-once": "at_least_once", "exactly-once": "exactly_once_v2"}[delivery]
 		cmd = exec.Command(javaBin(), "-Xmx"+o.kstreamsHeap, "-jar", jar, "--bootstrap="+o.brokers[0], "--input=events",
@@ -192,7 +199,7 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 	if profile != "" {
 		profiled = make(chan error, 1)
 		go func() {
-			if _, err := harness.WaitReady(wctx, httpAddr, nil); err != nil {
+			if _, err := embedded.WaitReady(wctx, httpAddr, nil); err != nil {
 				profiled <- err
 				return
 			}

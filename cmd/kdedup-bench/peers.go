@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -23,12 +24,14 @@ import (
 
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/consumer"
+	"github.com/kdedup/kdedup/internal/app"
 	"github.com/kdedup/kdedup/internal/benchenv"
+	"github.com/kdedup/kdedup/internal/embedded"
 	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
 
-// benchCmd measures the worker's throughput against a stateless passthrough
+// peersCmd measures the worker's throughput against a stateless passthrough
 // on one in-process broker (franz-go's kfake): it produces a generated
 // stream once, then, for each round, runs the real worker and a franz-go
 // consumer that forwards every record at least once with the worker's client
@@ -38,8 +41,8 @@ import (
 // input, so it includes up to two commit intervals (1s each) of waiting.
 // With -broker apache it compares kdedup, the passthrough and a Kafka
 // Streams deduplicator as processes on Apache Kafka instead (benchPeers).
-func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+func peersCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("peers", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o benchOptions
 	fs.IntVar(&o.records, "records", 1_000_000, "records produced to the input topic")
@@ -67,6 +70,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&o.kstreamsDir, "kstreams-dir", "bench/kstreams-peer", "with -broker apache: the Maven module of the Kafka Streams deduplicator, built with mvn -q -B package")
 	fs.StringVar(&o.kstreamsHeap, "kstreams-heap", "512m", "with -broker apache: the Kafka Streams JVM's -Xmx")
 	fs.IntVar(&o.kstreamsThreads, "kstreams-threads", 1, "with -broker apache: num.stream.threads of the Kafka Streams deduplicator")
+	fs.StringVar(&o.kdedupBin, "kdedup", "", "with -worker-process or -broker apache: the kdedup `binary` the worker processes run (empty: built from ./cmd/kdedup with go build into a temporary directory)")
 	child := fs.Bool("passthrough-child", false, "internal: run the passthrough in this process for -broker apache (with -brokers, -group, -out, -delivery)")
 	childBrokers := fs.String("brokers", "", "internal: -passthrough-child's seed brokers")
 	childGroup := fs.String("group", "", "internal: -passthrough-child's consumer group")
@@ -80,17 +84,31 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if o.records < 1 || o.partitions < 1 || o.rounds < 1 {
 		return fmt.Errorf("%w: -records, -partitions and -rounds must be at least 1", errUsage)
 	}
-	switch {
-	case *child:
+	if *child {
 		return passthroughChild(ctx, strings.Split(*childBrokers, ","), *childGroup, *childOut, *deliveries)
-	case o.broker == "apache":
-		o.peers, o.deliveries = strings.Split(*peers, ","), strings.Split(*deliveries, ",")
-		return benchPeers(ctx, o, stdout)
-	case o.broker != "kfake":
+	}
+	if o.broker != "kfake" && o.broker != "apache" {
 		return fmt.Errorf("%w: -broker must be kfake or apache, not %q", errUsage, o.broker)
 	}
+	if o.broker == "apache" {
+		o.peers, o.deliveries = strings.Split(*peers, ","), strings.Split(*deliveries, ",")
+		if err := checkPeers(o); err != nil {
+			return err
+		}
+	}
+	if o.broker == "apache" || o.process {
+		bin, cleanup, err := kdedupBinary(ctx, o.kdedupBin, stdout)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		o.kdedupBin = bin
+	}
+	if o.broker == "apache" {
+		return benchPeers(ctx, o, stdout)
+	}
 	const in = "events"
-	cluster, err := harness.NewCluster(o.partitions, in)
+	cluster, err := embedded.NewCluster(o.partitions, in)
 	if err != nil {
 		return err
 	}
@@ -163,12 +181,37 @@ type benchOptions struct {
 	workerVars                          map[string]string // -env: more KDEDUP_ variables of the worker
 	brokers                             []string
 	adm                                 *kadm.Client
+	kdedupBin                           string // -kdedup, or the binary kdedupBinary built
 
-	// -broker apache (benchpeers.go)
+	// -broker apache (apache.go)
 	broker, kstreamsDir, kstreamsHeap string
 	peers, deliveries                 []string
 	window                            time.Duration
 	kstreamsThreads                   int
+}
+
+// kdedupBinary returns the kdedup binary the worker processes run: path
+// when it is set, or one built from ./cmd/kdedup with go build into a
+// temporary directory, which cleanup removes. Errors: path does not exist,
+// or the build failed (its output is in the error).
+func kdedupBinary(ctx context.Context, path string, stdout io.Writer) (bin string, cleanup func(), err error) {
+	if path != "" {
+		if _, err := os.Stat(path); err != nil {
+			return "", nil, fmt.Errorf("%w: -kdedup: %v", errUsage, err)
+		}
+		return path, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "kdedup-bench-bin-")
+	if err != nil {
+		return "", nil, err
+	}
+	bin = filepath.Join(dir, "kdedup")
+	fmt.Fprintln(stdout, "building ./cmd/kdedup for the worker processes (-kdedup to give a binary) ...")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/kdedup").CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("go build ./cmd/kdedup (run kdedup-bench from the repository's root, or give -kdedup): %v\n%s", err, out)
+	}
+	return bin, func() { os.RemoveAll(dir) }, nil
 }
 
 // produceBench writes o.records records of a generated stream (producer
@@ -179,7 +222,7 @@ func produceBench(ctx context.Context, o benchOptions, topic string, stdout io.W
 	// Generate yields about 1.27 records per key; cut the stream at o.records.
 	recs := scenario.Generate(scenario.Options{Keys: o.records*4/5 + 1})
 	for len(recs) < o.records {
-		recs = append(recs, harness.CloneRecords(recs[:min(len(recs), o.records-len(recs))])...)
+		recs = append(recs, embedded.CloneRecords(recs[:min(len(recs), o.records-len(recs))])...)
 	}
 	recs = recs[:o.records]
 	keys := map[string]struct{}{}
@@ -189,7 +232,7 @@ func produceBench(ctx context.Context, o benchOptions, topic string, stdout io.W
 		}
 	}
 	start := time.Now()
-	if err := harness.Produce(ctx, o.brokers, topic, recs, stdout); err != nil {
+	if err := embedded.Produce(ctx, o.brokers, topic, recs, stdout); err != nil {
 		return nil, 0, err
 	}
 	fmt.Fprintf(stdout, "produced %d records to %s in %s\n", len(recs), topic, time.Since(start).Round(time.Millisecond))
@@ -235,7 +278,7 @@ func runWorker(ctx context.Context, o benchOptions, group, out string, stdout io
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 		o.cpuProfile = "" // one round only
 	}
-	w, err := harness.StartWorker(ctx, cfg, newLogger(os.Stderr, cfg.SlogLevel(), cfg.LogFormat))
+	w, err := embedded.StartWorker(ctx, cfg, app.NewLogger(os.Stderr, cfg.SlogLevel(), cfg.LogFormat))
 	if err != nil {
 		return runResult{}, err
 	}
@@ -272,11 +315,7 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 	if o.cpuProfile != "" {
 		env["KDEDUP_PPROF"] = "true"
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return runResult{}, err
-	}
-	cmd := exec.Command(exe, "run")
+	cmd := exec.Command(o.kdedupBin, "run")
 	cmd.Env = harness.WorkerEnv()
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
@@ -289,7 +328,7 @@ func runWorkerProcess(ctx context.Context, o benchOptions, env map[string]string
 	go func() { done <- cmd.Wait() }()
 	hwm := startHWMSampler(cmd.Process.Pid)
 	defer hwm.stop()
-	readyAt, err := harness.WaitReady(ctx, addr, done)
+	readyAt, err := embedded.WaitReady(ctx, addr, done)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		return runResult{}, err
@@ -542,11 +581,11 @@ func firstErr(first, next error) error {
 
 // waitGroup waits, at most 30 minutes, until group has committed the end
 // of the input, printing progress, and returns the steady-state rate
-// (harness.WaitCommitted).
+// (embedded.WaitCommitted).
 func waitGroup(ctx context.Context, o benchOptions, group string, start time.Time, stdout io.Writer) (float64, error) {
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
-	return harness.WaitCommitted(wctx, o.adm, group, "events", o.records, start, stdout)
+	return embedded.WaitCommitted(wctx, o.adm, group, "events", o.records, start, stdout)
 }
 
 func median(xs []float64) float64 {
