@@ -661,7 +661,7 @@ const maxSplitsPerInsert = 1
 // back, and the walks that succeed near a page's fill run long: at 500
 // kicks, growing a partition to 10M keys flat out spent 3.0 µs of CPU and
 // wrote 114 B to Badger a record, against 2.6 µs and 44 B at 64
-// (BENCHMARKS.md, "The walk before a split"). The price is load: the first
+// (docs/bench/HISTORY.md, "The walk before a split"). The price is load: the first
 // page splits at about 0.83-0.86 of the sub-filter's load instead of
 // 0.88-0.89, and the mean bits of pages a key over 2M-200M keys go from
 // 31.4 to 32.3.

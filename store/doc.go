@@ -131,7 +131,7 @@
 // 50,000 records a second, the state's 321 MiB of pages a minute, about
 // 107 bytes a record (118 to 169 bytes to disk a record measured with the
 // log, compactions and value-log GC, where per-page deltas wrote 270 to
-// 1,130; BENCHMARKS.md, "The store's log per write batch"). Pages written whole
+// 1,130; docs/bench/HISTORY.md, "The store's log per write batch"). Pages written whole
 // by the caller (MarkDirty: a split) and pages whose patch would pass
 // half a page skip the log.
 //
@@ -145,7 +145,7 @@
 // record, about 36 MB. Measured at 100M keys over 4 partitions after a
 // minute of new keys at that rate, the worker killed with SIGKILL: 2.7 s
 // to open the 4 partitions, 3.2 s from the restart to ready
-// (BENCHMARKS.md, "The store's log per write batch"). DB.Partition
+// (docs/bench/HISTORY.md, "The store's log per write batch"). DB.Partition
 // reports each open in kdedup_store_partition_open_seconds, and logs it
 // when the log was not empty.
 // Export applies the log the same way at its read timestamp.

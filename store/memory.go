@@ -115,7 +115,7 @@ func (p *PartitionState) OverDirtyShare(bound int64) bool {
 // changed pages may pass 1.5 x bound to MinCutPages a partition. Below
 // it, write batches of a few pages each (a thousand partitions sharing a
 // bound of 94 MiB cut every 11 pages) cost four times the CPU and, at
-// shutdown, thirty times the time they save in memory (BENCHMARKS.md,
+// shutdown, thirty times the time they save in memory (docs/bench/HISTORY.md,
 // "Memory budget").
 const MinCutPages = 64
 

@@ -24,7 +24,7 @@ import (
 //
 // It replaces a hash map plus LRU list shared by every partition, whose
 // lookup, list move and lock cost about a quarter of the CPU per record
-// at 20M keys held (BENCHMARKS.md, "Page table").
+// at 20M keys held (docs/bench/HISTORY.md, "Page table").
 
 // chunkPages is the number of page slots of a pageChunk: 256 slots of 28
 // bytes, 7 KiB of table per MiB of 4 KiB pages.

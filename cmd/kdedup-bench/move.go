@@ -29,7 +29,7 @@ import (
 )
 
 // moveCmd measures what moving one topic-partition to a worker with
-// an empty disk costs, with snapshots and without (see BENCHMARKS.md,
+// an empty disk costs, with snapshots and without (see docs/bench/HISTORY.md,
 // "Moving a partition"):
 //
 //  1. worker A decides -keys records of distinct keys on one partition,

@@ -32,7 +32,7 @@
 // 3 GiB container (T = 2.7 GiB) gets a cache of about 1,403 MiB, a 2 GiB
 // container (T = 1.8 GiB) about 698 MiB (internal/app's
 // TestContainerFigures). The figures behind the shares are in
-// BENCHMARKS.md ("Memory budget").
+// docs/bench/HISTORY.md ("Memory budget").
 package budget
 
 import (
