@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
 	"reflect"
 	"slices"
@@ -18,6 +17,8 @@ import (
 	"github.com/kdedup/kdedup/consumer"
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/internal/optcheck"
+	"github.com/kdedup/kdedup/snapshot"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -29,7 +30,7 @@ const Prefix = "KDEDUP_"
 // default (envDefault) or that it is required, and its meaning (doc); see
 // [Config.Table]. secret:"true" marks a value no problem ever prints, and
 // redact:"userinfo" one that may carry user:password@ as in a URL (pasted
-// by mistake: credentials belong elsewhere), printed through [RedactURL]. Sizes of the filter apply per topic-partition: each
+// by mistake: credentials belong elsewhere), printed through optcheck.RedactURL. Sizes of the filter apply per topic-partition: each
 // partition owns its own chain of sub-filters.
 //
 // The zero Config is not valid; obtain one from [Load] or [LoadFrom], or
@@ -105,11 +106,12 @@ type Config struct {
 	LivenessTimeout time.Duration `env:"LIVENESS_TIMEOUT" envDefault:"0s" doc:"/healthz answers 503 once the worker's poll loop or its shutdown has made no progress for this long (an idle input is progress), 10s to 2h and at least 2*SESSION_TIMEOUT (how long a transaction's end or a produce may wait out a broker outage); 0 derives it: 2*SESSION_TIMEOUT plus 1m, at least 5m"`
 }
 
-// Limits enforced by Validate; the doc tags on Config state them for users.
-// The filter's own limits (fingerprint width, bucket size, kicks,
-// expansion, generations, capacity per page size) are the filter's
-// constants and checks, and the largest write batch the store's
-// (store.MaxFlushBytes); those below are kdedup's.
+// Limits config enforces itself (Validate's own rules); the doc tags on
+// Config state them for users. The owners' limits (fingerprint width,
+// bucket size, kicks, expansion, generations and capacity per page size:
+// filter.Params.Validate; the largest write batch: store.Options.Validate;
+// the occurrence limit: dedup.Options.Validate) are theirs and are asked
+// of them; those below are kdedup's supported ranges.
 const (
 	maxCapacity = 1 << 32
 	// minPageBytes and maxPageBytes are the page sizes kdedup supports,
@@ -254,7 +256,7 @@ func shown(name, raw string, fields []field) string {
 		case f.secret && !f.file && raw != "":
 			return hiddenValue
 		case f.redactUserinfo:
-			return RedactURL(raw)
+			return optcheck.RedactURL(raw)
 		}
 	}
 	return raw
@@ -302,54 +304,75 @@ func choiceReasonOf(t reflect.Type) string {
 	return ""
 }
 
-// Validate checks every rule of every variable, including those that relate
-// two variables, and returns an *[Error] listing all problems, or nil. A rule
-// that relates a variable to another is skipped while the other is itself
-// invalid, so each mistake is reported once. Values in the problems are
-// formatted from c.
+// Validate checks every variable, including the rules that relate two,
+// and returns an *[Error] listing all problems, or nil. Each rule lives
+// with its owner: the variables are mapped to the options of the packages
+// that use them ([Config.FilterParams], [Config.StoreOptions],
+// [Config.DedupOptions], [Config.ConsumerOptions], the snapshot URL), each
+// owner's Validate reports what its code cannot honour (naming its own
+// fields, internal/optcheck), and Validate names the variables behind
+// them. config checks itself only what no owner does: the syntax of its
+// variables, the ranges kdedup supports where they are narrower than an
+// owner's (page sizes, intervals, timeouts), the settings of the process
+// (logging, HTTP, TLS and SASL), and the rules that relate two owners'
+// options. A variable is reported once: an owner's problem with a
+// variable already reported is left out, and a rule relating a variable
+// to another is skipped while the other is itself invalid. Values in the
+// problems are formatted from c.
 func (c Config) Validate() error {
 	fields := describeFields()
-	v := validator{vars: map[string]string{}, secrets: map[string]bool{}, redacted: map[string]bool{}}
+	v := validator{vars: map[string]string{}, secrets: map[string]bool{}, redacted: map[string]bool{}, config: reflect.ValueOf(c)}
 	for _, f := range fields {
 		v.vars[f.name] = f.envVar
 		v.secrets[f.name] = f.secret
 		v.redacted[f.name] = f.redactUserinfo
 	}
+	c.validateOwn(&v)
 
-	// Kafka.
-	if len(c.Brokers) == 0 {
-		v.add("Brokers", "", requiredReason)
+	// The owners' rules.
+	p := c.FilterParams()
+	p.PageBytes = int(c.PageBytes) // the store's, which the filter's pages take
+	p.KeySpec = c.Key
+	v.owner(p.Validate(), map[string]string{"Generations": "WindowGenerations", "KeySpec": "Key"})
+	v.owner(c.StoreOptions().Validate(), map[string]string{"Dir": "DataDir"})
+	if dopts, err := c.DedupOptions(); err != nil {
+		v.add("Key", c.Key, `must be empty, "key", "header:NAME" or "json:PATH", with NAME and PATH not empty`)
+	} else {
+		v.owner(dopts.Validate(), nil)
 	}
+	v.owner(c.ConsumerOptions().Validate(), nil)
+	if c.SnapshotURL != "" {
+		v.owner(snapshot.CheckURL(c.SnapshotURL), map[string]string{"URL": "SnapshotURL"})
+	}
+
+	if len(v.problems) == 0 {
+		return nil
+	}
+	sortProblems(v.problems, fields)
+	return &Error{Problems: v.problems}
+}
+
+// validateOwn checks the rules that are config's own: syntax, the ranges
+// kdedup supports inside the owners', the process's settings, and the
+// rules that relate two owners' options.
+func (c Config) validateOwn(v *validator) {
+	// Kafka.
 	for _, b := range c.Brokers {
 		if reason := brokerProblem(b); reason != "" {
 			v.add("Brokers", c.Brokers, reason)
 		}
 	}
-	if c.OutputTopic == "" {
-		v.add("OutputTopic", "", requiredReason)
-	} else if reason := topicProblem(c.OutputTopic); reason != "" {
+	if reason := topicProblem(c.OutputTopic); c.OutputTopic != "" && reason != "" {
 		v.add("OutputTopic", c.OutputTopic, reason)
 	}
-	if c.DuplicatesTopic != "" {
-		switch {
-		case topicProblem(c.DuplicatesTopic) != "":
-			v.add("DuplicatesTopic", c.DuplicatesTopic, topicProblem(c.DuplicatesTopic))
-		case c.DuplicatesTopic == c.OutputTopic:
-			v.add("DuplicatesTopic", c.DuplicatesTopic, "must differ from OUTPUT_TOPIC; dropped records would mix with the output")
-		case slices.Contains(c.InputTopics, c.DuplicatesTopic):
-			v.add("DuplicatesTopic", c.DuplicatesTopic, "is also an input topic; kdedup would read the records it dropped")
+	for field, t := range map[string]string{"DuplicatesTopic": c.DuplicatesTopic, "DeadLetterTopic": c.DeadLetterTopic} {
+		if reason := topicProblem(t); t != "" && reason != "" {
+			v.add(field, t, reason)
 		}
 	}
-	if c.DeadLetterTopic != "" {
-		switch {
-		case topicProblem(c.DeadLetterTopic) != "":
-			v.add("DeadLetterTopic", c.DeadLetterTopic, topicProblem(c.DeadLetterTopic))
-		case c.DeadLetterTopic == c.OutputTopic:
-			v.add("DeadLetterTopic", c.DeadLetterTopic, "must differ from OUTPUT_TOPIC; dead letters would mix with the output")
-		case c.DeadLetterTopic == c.DuplicatesTopic:
-			v.add("DeadLetterTopic", c.DeadLetterTopic, "must differ from DUPLICATES_TOPIC; dead letters would mix with dropped records")
-		case slices.Contains(c.InputTopics, c.DeadLetterTopic):
-			v.add("DeadLetterTopic", c.DeadLetterTopic, "is also an input topic; kdedup would read its own dead letters")
+	for _, t := range c.InputTopics {
+		if reason := topicProblem(t); reason != "" {
+			v.add("InputTopics", c.InputTopics, reason)
 		}
 	}
 	if c.MaxRecordBytes != 0 && (c.MaxRecordBytes < minRecordBytes || c.MaxRecordBytes > maxRecordBytes) {
@@ -357,21 +380,6 @@ func (c Config) Validate() error {
 	}
 	if c.MaxDecompressBytes < minDecompressBytes || c.MaxDecompressBytes > maxDecompressBytes {
 		v.add("MaxDecompressBytes", c.MaxDecompressBytes, fmt.Sprintf("must be from %v to %v", ByteSize(minDecompressBytes), ByteSize(maxDecompressBytes)))
-	}
-	if len(c.InputTopics) == 0 {
-		v.add("InputTopics", "", requiredReason)
-	}
-	seen := map[string]bool{}
-	for _, t := range c.InputTopics {
-		switch {
-		case topicProblem(t) != "":
-			v.add("InputTopics", c.InputTopics, topicProblem(t))
-		case seen[t]:
-			v.add("InputTopics", c.InputTopics, fmt.Sprintf("topic %q is listed more than once", t))
-		case t == c.OutputTopic:
-			v.add("InputTopics", c.InputTopics, fmt.Sprintf("topic %q is also OUTPUT_TOPIC; kdedup would read its own output", t))
-		}
-		seen[t] = true
 	}
 	if c.Group == "" {
 		v.add("Group", c.Group, "must not be empty")
@@ -385,73 +393,34 @@ func (c Config) Validate() error {
 	if int(c.Rebuild) >= len(rebuildNames) {
 		v.add("Rebuild", c.Rebuild, choiceReasonOf(reflect.TypeFor[Rebuild]()))
 	}
-	if c.TransactionalID != "" && c.Delivery != consumer.ExactlyOnce {
-		v.add("TransactionalID", c.TransactionalID, "is only used with KDEDUP_DELIVERY=exactly-once")
-	}
 	if c.InstanceID != "" {
 		if reason := topicProblem(c.InstanceID); reason != "" {
 			v.add("InstanceID", c.InstanceID, strings.Replace(reason, "topic", "instance id", 1))
 		}
 	}
-	c.validateSecurity(&v)
+	c.validateSecurity(v)
 	if c.SessionTimeout < minSessionTimeout || c.SessionTimeout > maxSessionTimeout {
 		v.add("SessionTimeout", c.SessionTimeout, fmt.Sprintf("must be from %s to %s", formatDuration(minSessionTimeout), formatDuration(maxSessionTimeout)))
 	}
 	if c.MetadataMaxAge < minMetadataMaxAge || c.MetadataMaxAge > maxMetadataMaxAge {
 		v.add("MetadataMaxAge", c.MetadataMaxAge, fmt.Sprintf("must be from %s to %s", formatDuration(minMetadataMaxAge), formatDuration(maxMetadataMaxAge)))
 	}
-	if _, err := dedup.ParseKey(c.Key); err != nil {
-		v.add("Key", c.Key, `must be empty, "key", "header:NAME" or "json:PATH", with NAME and PATH not empty`)
-	}
 	if _, _, ok := c.DeleteHeaderNameValue(); !ok && c.DeleteHeader != "" {
 		v.add("DeleteHeader", c.DeleteHeader, "must be empty or NAME=VALUE, with NAME not empty")
 	}
 
-	// Cuckoo filter.
-	fingerprintOK := c.FingerprintBits == 0 || c.FingerprintBits >= filter.MinFingerprintBits && c.FingerprintBits <= filter.MaxFingerprintBits
-	if !fingerprintOK {
-		v.add("FingerprintBits", c.FingerprintBits, fmt.Sprintf("must be 0 (derive from TARGET_FPR) or from %d to %d", filter.MinFingerprintBits, filter.MaxFingerprintBits))
-	}
-	if !(c.TargetFPR > 0 && c.TargetFPR < 1) {
-		v.add("TargetFPR", c.TargetFPR, "must be between 0 and 1, such as 0.0001")
-	}
-	bucketOK := filter.ValidBucketSize(c.BucketSize)
-	if !bucketOK {
-		v.add("BucketSize", c.BucketSize, "must be 2, 4 or 8")
-	}
-	if c.Capacity < 1 || c.Capacity > maxCapacity {
+	// Cuckoo filter: the ranges kdedup supports; the filter checks the
+	// rest (FilterParams, in Validate).
+	if c.Capacity > maxCapacity {
 		v.add("Capacity", c.Capacity, fmt.Sprintf("must be from 1 to %d keys", uint64(maxCapacity)))
 	}
-	filterOK := bucketOK && fingerprintOK &&
-		c.TargetFPR > 0 && c.TargetFPR < 1 && c.WindowGenerations >= 1 && c.WindowGenerations <= filter.MaxGenerations && c.Window >= 0
-	pageOK := c.PageBytes >= minPageBytes && c.PageBytes <= maxPageBytes && c.PageBytes&(c.PageBytes-1) == 0
-	if filterOK && pageOK && c.Capacity <= maxCapacity {
-		if most := c.FilterParams().MaxCapacity(); c.Capacity > most {
-			v.add("Capacity", c.Capacity, fmt.Sprintf("must be at most %d keys with PAGE_BYTES=%v and %d-bit fingerprints: the first sub-filter holds at most 2^20 pages; raise PAGE_BYTES or lower CAPACITY",
-				most, c.PageBytes, c.FilterParams().SubFilterBits(0)))
-		}
-	}
-	if c.MaxKicks < 1 || c.MaxKicks > filter.MaxMaxKicks {
-		v.add("MaxKicks", c.MaxKicks, fmt.Sprintf("must be from 1 to %d", filter.MaxMaxKicks))
-	}
-	if c.Expansion < 1 || c.Expansion > filter.MaxExpansion {
-		v.add("Expansion", c.Expansion, fmt.Sprintf("must be from 1 to %d", filter.MaxExpansion))
-	}
-	// A bucket pair holds 2*BUCKET_SIZE copies of a key's fingerprint; a
-	// higher limit would add a sub-filter on every occurrence of a hot key.
-	if c.MaxOccurrences < 1 {
-		v.add("MaxOccurrences", c.MaxOccurrences, "must be at least 1")
-	} else if bucketOK && c.MaxOccurrences > 2*c.BucketSize {
-		v.add("MaxOccurrences", c.MaxOccurrences, fmt.Sprintf("must be at most 2*BUCKET_SIZE, %d: a bucket pair holds that many copies of a key's fingerprint", 2*c.BucketSize))
-	}
-
 	switch {
-	case c.Window < 0:
-		v.add("Window", c.Window, "must not be negative; 0 remembers keys until they are deleted")
 	case c.Window > 0 && c.Window < time.Duration(max(c.WindowGenerations, 1))*minWindowSpan:
 		v.add("Window", c.Window, fmt.Sprintf("must be 0 or at least %s per generation (WINDOW_GENERATIONS)", formatDuration(minWindowSpan)))
 	}
-	if c.WindowGenerations < 1 || c.WindowGenerations > filter.MaxGenerations {
+	if c.Window == 0 && (c.WindowGenerations < 1 || c.WindowGenerations > filter.MaxGenerations) {
+		// Unused without a window, yet a value a window could not take
+		// is a mistake; with a window the filter checks it.
 		v.add("WindowGenerations", c.WindowGenerations, fmt.Sprintf("must be from 1 to %d", filter.MaxGenerations))
 	}
 	if c.WindowRefresh && c.Window == 0 {
@@ -459,9 +428,7 @@ func (c Config) Validate() error {
 	}
 
 	// Storage.
-	if c.DataDir == "" {
-		v.add("DataDir", c.DataDir, "must not be empty")
-	}
+	pageOK := c.PageBytes >= minPageBytes && c.PageBytes <= maxPageBytes && c.PageBytes&(c.PageBytes-1) == 0
 	if !pageOK {
 		v.add("PageBytes", c.PageBytes, fmt.Sprintf("must be a power of two from %v to %v (KB and MB are powers of 1000; use KiB or MiB)", ByteSize(minPageBytes), maxPageBytes))
 	}
@@ -474,6 +441,7 @@ func (c Config) Validate() error {
 	if c.WriteBackInterval < minWriteBackInterval || c.WriteBackInterval > maxWriteBackInterval {
 		v.add("WriteBackInterval", c.WriteBackInterval, fmt.Sprintf("must be from %s to %s", formatDuration(minWriteBackInterval), formatDuration(maxWriteBackInterval)))
 	} else if c.FlushInterval >= minFlushInterval && c.FlushInterval <= maxFlushInterval && c.WriteBackInterval < c.FlushInterval {
+		// The store's write-back against the consumer's write batches.
 		v.add("WriteBackInterval", c.WriteBackInterval, fmt.Sprintf("must be at least FLUSH_INTERVAL (%s)", formatDuration(c.FlushInterval)))
 	}
 	if c.FlushInterval < minFlushInterval || c.FlushInterval > maxFlushInterval {
@@ -484,17 +452,9 @@ func (c Config) Validate() error {
 	}
 	if c.FlushBytes > maxFlushBytes {
 		v.add("FlushBytes", c.FlushBytes, fmt.Sprintf("must be at most %v", ByteSize(maxFlushBytes)))
-	} else if most := ByteSize(store.MaxFlushBytes(int(c.PageBytes))); pageOK && c.FlushBytes > most {
-		v.add("FlushBytes", c.FlushBytes, fmt.Sprintf("must be at most %v with PAGE_BYTES=%v: one write batch is one Badger transaction, at most 15%% of a memtable of 1GiB, and smaller pages weigh more per byte (keys)",
-			most.FloorMiB(), c.PageBytes))
 	}
 
 	// Snapshots.
-	if c.SnapshotURL != "" {
-		if reason := SnapshotURLProblem(c.SnapshotURL); reason != "" {
-			v.add("SnapshotURL", c.SnapshotURL, reason)
-		}
-	}
 	if c.SnapshotInterval < time.Second || c.SnapshotInterval > 24*time.Hour {
 		v.add("SnapshotInterval", c.SnapshotInterval, "must be from 1s to 24h")
 	}
@@ -524,19 +484,44 @@ func (c Config) Validate() error {
 	case c.SessionTimeout >= minSessionTimeout && c.SessionTimeout <= maxSessionTimeout && c.LivenessTimeout < 2*c.SessionTimeout:
 		v.add("LivenessTimeout", c.LivenessTimeout, fmt.Sprintf("must be 0 (derived) or at least 2*SESSION_TIMEOUT, %s: a transaction's end or a produce may wait that long for the brokers", formatDuration(2*c.SessionTimeout)))
 	}
-
-	if len(v.problems) == 0 {
-		return nil
-	}
-	sortProblems(v.problems, fields)
-	return &Error{Problems: v.problems}
 }
 
 type validator struct {
 	vars     map[string]string // Config field name to variable name
 	secrets  map[string]bool   // Config field names whose values are never printed
-	redacted map[string]bool   // Config field names whose values are printed through RedactURL
+	redacted map[string]bool   // Config field names whose values are printed through optcheck.RedactURL
+	config   reflect.Value     // the Config validated, whose fields owners' problems print
 	problems []Problem
+}
+
+// owner adds the problems of an owner's Validate error (an
+// *optcheck.Error naming the owner's fields), each under the variable of
+// the Config field of the same name, or of renames[field] where the names
+// differ, with the value formatted from the Config. A problem with a
+// variable already reported is left out: one mistake, one problem. An
+// error that is not an *optcheck.Error, or a field no Config field maps
+// to, is a fault of this mapping and panics, so that a test finds it.
+func (v *validator) owner(err error, renames map[string]string) {
+	if err == nil {
+		return
+	}
+	var oe *optcheck.Error
+	if !errors.As(err, &oe) {
+		panic(fmt.Sprintf("config: an owner's Validate returned %T, not an *optcheck.Error: %v", err, err))
+	}
+	for _, p := range oe.Problems {
+		name := p.Field
+		if r, ok := renames[name]; ok {
+			name = r
+		}
+		if _, ok := v.vars[name]; !ok {
+			panic(fmt.Sprintf("config: %v names %s, which no variable sets", err, p.Field))
+		}
+		if slices.ContainsFunc(v.problems, func(q Problem) bool { return q.Var == v.vars[name] }) {
+			continue
+		}
+		v.add(name, v.config.FieldByName(name).Interface(), p.Reason)
+	}
 }
 
 // hiddenValue stands for the value of a secret variable in problems.
@@ -554,7 +539,7 @@ func (v *validator) add(fieldName string, value any, reason string) {
 	case v.secrets[fieldName] && s != "":
 		s = hiddenValue
 	case v.redacted[fieldName]:
-		s = RedactURL(s)
+		s = optcheck.RedactURL(s)
 	}
 	v.problems = append(v.problems, Problem{Var: v.vars[fieldName], Value: s, Reason: reason})
 }
@@ -564,7 +549,7 @@ func (v *validator) add(fieldName string, value any, reason string) {
 // must not print its password.
 func brokerProblem(b string) string {
 	host, port, err := net.SplitHostPort(b)
-	q := strconv.Quote(RedactURL(b))
+	q := strconv.Quote(optcheck.RedactURL(b))
 	switch {
 	case b == "":
 		return "empty broker in list"
@@ -581,45 +566,6 @@ func brokerProblem(b string) string {
 		return fmt.Sprintf("broker %s must have a port from 1 to 65535", q)
 	}
 	return ""
-}
-
-// snapshotSchemes are the schemes of the object stores the snapshot
-// package opens (snapshot.Open).
-var snapshotSchemes = []string{"s3", "gs", "azblob", "file"}
-
-// SnapshotURLProblem is why rawURL cannot be a KDEDUP_SNAPSHOT_URL, or ""
-// when it can: it must parse, use one of the stores' schemes followed by
-// "//", and hold no credentials, neither as user info nor in a URL in its
-// query (endpoint=https://user:password@host). The reason never quotes
-// rawURL or any part of it; print rawURL through [RedactURL]. Safe for
-// concurrent use.
-func SnapshotURLProblem(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	switch {
-	case err != nil:
-		return "must be a URL: it " + urlParseReason(err)
-	case !slices.Contains(snapshotSchemes, u.Scheme) || u.Opaque != "":
-		return "must start with s3://, gs://, azblob:// or file://"
-	case holdsCredentials(u):
-		return "must not hold credentials: the store's SDK reads them from its usual sources (environment, files, pod identity)"
-	}
-	return ""
-}
-
-// holdsCredentials reports whether u has user info, or a query value that
-// is a URL with user info.
-func holdsCredentials(u *url.URL) bool {
-	if u.User != nil {
-		return true
-	}
-	for _, vs := range u.Query() {
-		for _, v := range vs {
-			if q, err := url.Parse(v); err == nil && q.User != nil {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // topicProblem applies Kafka's rules for topic names
@@ -671,7 +617,9 @@ func isSpace(r rune) bool { return r == ' ' || r == '\t' || r == '\n' || r == '\
 
 // FilterParams are the filter parameters of every topic-partition's chain,
 // from TARGET_FPR, FINGERPRINT_BITS, BUCKET_SIZE, CAPACITY, MAX_KICKS,
-// EXPANSION, PAGE_BYTES, WINDOW and WINDOW_GENERATIONS.
+// EXPANSION, WINDOW and WINDOW_GENERATIONS. PageBytes is left 0: the page
+// size is the store's (StoreOptions), and the deduplicators take it from
+// the store they open (dedup.Opener.PageBytes).
 func (c Config) FilterParams() filter.Params {
 	return filter.Params{
 		TargetFPR:       c.TargetFPR,
@@ -680,9 +628,103 @@ func (c Config) FilterParams() filter.Params {
 		Capacity:        c.Capacity,
 		MaxKicks:        c.MaxKicks,
 		Expansion:       c.Expansion,
-		PageBytes:       int(c.PageBytes),
 		Window:          c.Window,
 		Generations:     c.WindowGenerations,
+	}
+}
+
+// Options are the options of each package kdedup runs, mapped from one
+// validated Config (Config.Options): what the worker's wiring
+// (internal/app) hands each package, with what the process provides
+// (the memory budget's shares, the Kafka connection, the logger, the
+// metrics registry) filled in there.
+type Options struct {
+	// Store: StoreOptions.
+	Store store.Options
+	// Dedup: DedupOptions, the filter parameters (FilterParams) inside.
+	Dedup dedup.Options
+	// Consumer: ConsumerOptions.
+	Consumer consumer.Options
+	// LogLevel: LOG_LEVEL (SlogLevel).
+	LogLevel slog.Level
+}
+
+// Options validates c (Validate) and returns each package's options from
+// it, or Validate's *[Error].
+func (c Config) Options() (Options, error) {
+	if err := c.Validate(); err != nil {
+		return Options{}, err
+	}
+	d, err := c.DedupOptions()
+	if err != nil { // Validate refused it already
+		return Options{}, err
+	}
+	return Options{Store: c.StoreOptions(), Dedup: d, Consumer: c.ConsumerOptions(), LogLevel: c.SlogLevel()}, nil
+}
+
+// StoreOptions are the store's options from DATA_DIR, PAGE_BYTES,
+// CACHE_BYTES, FLUSH_BYTES and WRITE_BACK_INTERVAL. CacheBytes 0 is the
+// share of the memory budget (internal/budget), which the caller fills
+// in, with the Logger and the Registerer.
+func (c Config) StoreOptions() store.Options {
+	return store.Options{
+		Dir:               c.DataDir,
+		PageBytes:         int(c.PageBytes),
+		CacheBytes:        int64(c.CacheBytes),
+		FlushBytes:        int64(c.FlushBytes),
+		WriteBackInterval: c.WriteBackInterval,
+	}
+}
+
+// DedupOptions are the deduplicators' options from KEY, DELETE_HEADER,
+// FORWARD_TOMBSTONES, MAX_OCCURRENCES, WINDOW_REFRESH, DELIVERY (exactly
+// once stages changes) and the filter parameters (FilterParams). The
+// error is dedup.ParseKey's, for a KEY it cannot parse.
+func (c Config) DedupOptions() (dedup.Options, error) {
+	key, err := dedup.ParseKey(c.Key)
+	if err != nil {
+		return dedup.Options{}, err
+	}
+	name, value, _ := c.DeleteHeaderNameValue()
+	return dedup.Options{
+		Key:            key,
+		DeleteHeader:   name,
+		DeleteValue:    value,
+		DropTombstones: !c.ForwardTombstones,
+		MaxOccurrences: c.MaxOccurrences,
+		Refresh:        c.WindowRefresh,
+		Staged:         c.Delivery == consumer.ExactlyOnce,
+		Filter:         c.FilterParams(),
+		ParamNames:     FilterVariables(),
+	}, nil
+}
+
+// ConsumerOptions are the worker's options that variables set: the
+// brokers, topics and group, the delivery, the intervals and the snapshot
+// schedule. The caller fills in what the process provides: Dedup,
+// Snapshots, the record and memory limits, Logger, Registerer and the
+// client options.
+func (c Config) ConsumerOptions() consumer.Options {
+	return consumer.Options{
+		Brokers:             c.Brokers,
+		InputTopics:         c.InputTopics,
+		OutputTopic:         c.OutputTopic,
+		DuplicatesTopic:     c.DuplicatesTopic,
+		DeadLetterTopic:     c.DeadLetterTopic,
+		MaxDecompressBytes:  int(c.MaxDecompressBytes),
+		Group:               c.Group,
+		InstanceID:          c.InstanceID,
+		StartAtLatest:       c.StartOffset == StartLatest,
+		SessionTimeout:      c.SessionTimeout,
+		ShutdownTimeout:     c.ShutdownTimeout,
+		MetadataMaxAge:      c.MetadataMaxAge,
+		Delivery:            c.Delivery,
+		TransactionalID:     c.TransactionalID,
+		RebuildEmpty:        c.Rebuild == RebuildEmpty,
+		FlushInterval:       c.FlushInterval,
+		TransactionInterval: c.TransactionInterval,
+		SnapshotInterval:    c.SnapshotInterval,
+		SnapshotKeep:        c.SnapshotKeep,
 	}
 }
 

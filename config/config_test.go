@@ -642,8 +642,8 @@ func TestMaxOccurrencesMessage(t *testing.T) {
 		kv   []string
 		want string
 	}{
-		{[]string{"KDEDUP_MAX_OCCURRENCES", "9"}, "KDEDUP_MAX_OCCURRENCES=9: must be at most 2*BUCKET_SIZE, 8"},
-		{[]string{"KDEDUP_MAX_OCCURRENCES", "5", "KDEDUP_BUCKET_SIZE", "2"}, "KDEDUP_MAX_OCCURRENCES=5: must be at most 2*BUCKET_SIZE, 4"},
+		{[]string{"KDEDUP_MAX_OCCURRENCES", "9"}, "KDEDUP_MAX_OCCURRENCES=9: must be at most twice the bucket size, 8"},
+		{[]string{"KDEDUP_MAX_OCCURRENCES", "5", "KDEDUP_BUCKET_SIZE", "2"}, "KDEDUP_MAX_OCCURRENCES=5: must be at most twice the bucket size, 4"},
 		{[]string{"KDEDUP_MAX_OCCURRENCES", "0"}, "KDEDUP_MAX_OCCURRENCES=0: must be at least 1"},
 	} {
 		_, err := LoadFrom(with(tc.kv...))
@@ -780,27 +780,6 @@ func TestCredentialsNeverShown(t *testing.T) {
 	}
 }
 
-// TestRedactURL: a value without '@' is printed as given; one that parses
-// with one user info part loses its password (url.URL.Redacted) or a lone
-// user name.
-func TestRedactURL(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"", ""},
-		{"s3://bucket/prefix?region=eu-west-1&endpoint=http://127.0.0.1:9000", "s3://bucket/prefix?region=eu-west-1&endpoint=http://127.0.0.1:9000"},
-		{"file:///snapshots", "file:///snapshots"},
-		{"kafka-1:9092,kafka-2:9092", "kafka-1:9092,kafka-2:9092"},
-		{"s3://key:secret@bucket/prefix", "s3://key:xxxxx@bucket/prefix"},
-		{"s3://token@bucket/prefix", "s3://xxxxx@bucket/prefix"},
-		{"s3://key:secret@bucket/a@b", "s3://xxxxx@b"}, // which '@' ends the user info is not said
-		{"key:secret@bucket", "key:xxxxx@bucket"},
-		{"secret@bucket", "xxxxx@bucket"},
-	} {
-		if got := RedactURL(tc.in); got != tc.want {
-			t.Errorf("RedactURL(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}
-
 // Values that pass each variable's own rule but that the filter or the
 // store would refuse once a partition is assigned are refused at start-up,
 // naming the variable whose limit they break.
@@ -812,7 +791,7 @@ func filterMaxCapacity(t *testing.T, kv ...string) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c.FilterParams().MaxCapacity()
+	return stateParams(c).MaxCapacity()
 }
 
 func maxCapacityReason(t *testing.T, kv ...string) string {
@@ -844,10 +823,10 @@ func TestLoadRejectsWhatTheStateWouldRefuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.FilterParams().Validate(); err != nil {
+	if err := stateParams(c).Validate(); err != nil {
 		t.Errorf("config accepts capacity %d, the filter refuses it: %v", c.Capacity, err)
 	}
-	p := c.FilterParams()
+	p := stateParams(c)
 	p.Capacity++
 	if err := p.Validate(); err == nil {
 		t.Errorf("the filter accepts capacity %d, one above what config accepts", p.Capacity)

@@ -18,16 +18,26 @@
 // like a bad value, naming the closest known variable: a misspelt name
 // must not silently leave a setting at its default.
 //
-// A limit or default that belongs to another package is that package's:
-// config validates through the filter's limits (filter.MaxMaxKicks,
-// filter.ValidBucketSize, Params.MaxCapacity and the like), the store's
-// (store.MaxFlushBytes), dedup's key parser (dedup.ParseKey) and the
-// consumer's delivery names (consumer.Delivery), and its tests tie each
-// envDefault to the owner's default. The limits config adds of its own,
-// such as the supported page sizes, say why beside their constants.
-// KDEDUP_DELIVERY, KDEDUP_START_OFFSET and KDEDUP_REBUILD are parsed once,
-// into typed values, so that nothing compares their strings again.
+// A rule or default that belongs to another package is that package's.
+// config maps the variables to each owner's options (Config.FilterParams,
+// Config.StoreOptions, Config.DedupOptions, Config.ConsumerOptions, the
+// snapshot URL) and asks the owner's Validate (filter.Params.Validate,
+// store.Options.Validate, dedup.Options.Validate,
+// consumer.Options.Validate, snapshot.CheckURL), each of which lists the
+// fields it cannot honour (internal/optcheck); config names the variable
+// behind each field. config's own rules are only what no owner checks:
+// the syntax of its variables (a broker's host:port, Kafka's topic
+// names, NAME=VALUE), the ranges kdedup supports where they are narrower
+// than an owner's (page sizes, intervals and timeouts, each constant
+// saying why), the process's settings (logging, HTTP, TLS, SASL) and the
+// rules that relate two owners' options (the store's write-back interval
+// against the consumer's flush interval). Its tests tie each envDefault
+// to the owner's default. KDEDUP_DELIVERY, KDEDUP_START_OFFSET and
+// KDEDUP_REBUILD are parsed once, into typed values, so that nothing
+// compares their strings again.
 //
-// Other packages never import config: internal/app copies the fields they
-// need into each package's own Options struct.
+// Other packages never import config: internal/app takes each package's
+// options from [Config.Options], which validates once and maps once, and
+// fills in what the process provides (the memory budget's shares, the
+// Kafka connection, the logger).
 package config

@@ -17,7 +17,9 @@ import (
 
 // The defaults config declares in its envDefault tags are the owners'
 // defaults: the filter's for the filter parameters and the page size, the
-// store's for the cache and the write batch, the consumer's zero Delivery.
+// store's for the cache, the write batch and the write-back, the
+// consumer's for the snapshot schedule and the transaction interval, and
+// its zero Delivery.
 func TestDefaultsAreTheOwners(t *testing.T) {
 	c, err := LoadFrom(required())
 	if err != nil {
@@ -46,6 +48,20 @@ func TestDefaultsAreTheOwners(t *testing.T) {
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s default %d, its owner's %d", tc.name, tc.got, tc.want)
+		}
+	}
+	// The consumer's defaults it names as constants.
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"KDEDUP_SNAPSHOT_INTERVAL", c.SnapshotInterval, consumer.DefaultSnapshotInterval},
+		{"KDEDUP_SNAPSHOT_KEEP", c.SnapshotKeep, consumer.DefaultSnapshotKeep},
+		{"KDEDUP_TRANSACTION_INTERVAL", c.TransactionInterval, consumer.DefaultTransactionInterval},
+		{"KDEDUP_WRITE_BACK_INTERVAL", c.WriteBackInterval, store.DefaultWriteBackInterval},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s default %v, the owner's %v", tc.name, tc.got, tc.want)
 		}
 	}
 	var zero consumer.Delivery
@@ -93,7 +109,7 @@ func TestPageLimitsWithinOwners(t *testing.T) {
 				if err != nil {
 					t.Fatalf("page %v bucket %d bits %d: config refuses: %v", page, bucket, bits, err)
 				}
-				if _, err := filter.New(c.FilterParams(), filter.NewMemPager(int(c.PageBytes))); err != nil {
+				if _, err := filter.New(stateParams(c), filter.NewMemPager(int(c.PageBytes))); err != nil {
 					t.Errorf("page %v bucket %d bits %d: config accepts, the filter refuses: %v", page, bucket, bits, err)
 				}
 			}
@@ -139,13 +155,13 @@ func TestFilterLimitsAreTheFilters(t *testing.T) {
 			if err != nil {
 				t.Fatalf("config refuses %s=%d: %v", tc.env, tc.ok, err)
 			}
-			if err := c.FilterParams().Validate(); err != nil {
+			if err := stateParams(c).Validate(); err != nil {
 				t.Errorf("the filter refuses what config accepts: %v", err)
 			}
 			if _, err := LoadFrom(with(tc.env, strconv.Itoa(tc.bad))); err == nil {
 				t.Errorf("config accepts %s=%d", tc.env, tc.bad)
 			}
-			p := c.FilterParams()
+			p := stateParams(c)
 			tc.setFilter(&p, tc.bad)
 			if err := p.Validate(); err == nil {
 				t.Errorf("the filter accepts %s=%d, which config refuses", tc.env, tc.bad)
@@ -252,7 +268,7 @@ func TestFilterVariablesNameTheParams(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := c.FilterParams()
+		p := stateParams(c)
 		p.KeySpec = key.String()
 		return p
 	}
@@ -295,4 +311,12 @@ func TestFilterVariablesNameTheParams(t *testing.T) {
 			t.Errorf("filter parameter %s: variable %q, changed by the test: %v", p, names[p], covered[p])
 		}
 	}
+}
+
+// stateParams are the filter parameters a state is written with under c:
+// FilterParams with the store's page size, as the deduplicators take it.
+func stateParams(c Config) filter.Params {
+	p := c.FilterParams()
+	p.PageBytes = int(c.PageBytes)
+	return p
 }

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/kdedup/kdedup/internal/optcheck"
 )
 
 // unknownProblems reports every variable of environ that starts with Prefix,
@@ -26,7 +28,7 @@ func unknownProblems(environ map[string]string, fields []field) []Problem {
 		closest := closestName(name, fields)
 		// An unknown value may be anything: a URL's user info is never
 		// printed either.
-		shown := RedactURL(value)
+		shown := optcheck.RedactURL(value)
 		if closest.secret || secretLooking(name) {
 			shown = hiddenValue
 		}

@@ -179,7 +179,7 @@ func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
 	// staged yet (a write batch ends every replay): it bounds the poll
 	// like an idle one.
 	n := min(pollRecords, w.opts.FlushBytes/per)
-	pageBytes := int64(w.opts.Dedup.Options().Filter.WithDefaults().PageBytes)
+	pageBytes := int64(w.opts.Dedup.PageBytes())
 	perStaged := per // a partition assigned while the poll waits is not known here
 	for _, pw := range parts {
 		if pw.owner() != ownerLoop {

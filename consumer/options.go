@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/dedup"
+	"github.com/kdedup/kdedup/internal/optcheck"
 	"github.com/kdedup/kdedup/snapshot"
 	"github.com/kdedup/kdedup/store"
 )
@@ -162,7 +162,8 @@ type Options struct {
 	// snapshotted when revoked and at shutdown.
 	SnapshotInterval time.Duration
 	// SnapshotKeep is how many snapshots of each partition the store
-	// keeps, newest first (default 3); older ones are deleted.
+	// keeps, newest first (default DefaultSnapshotKeep, 3); older ones are
+	// deleted.
 	SnapshotKeep int
 	// Logger receives the worker's and franz-go's logs (default
 	// slog.Default()).
@@ -208,7 +209,7 @@ func (o Options) withDefaults() Options {
 	if o.MaxDecompressBytes == 0 {
 		o.MaxDecompressBytes = 64 << 20
 	}
-	if o.TransactionalID == "" {
+	if o.TransactionalID == "" && o.Delivery == ExactlyOnce {
 		host, _ := os.Hostname()
 		o.TransactionalID = fmt.Sprintf("kdedup-%s-%d-%08x", host, os.Getpid(), time.Now().UnixNano()&0xffffffff)
 	}
@@ -222,34 +223,104 @@ func (o Options) withDefaults() Options {
 		o.MaxRestores = DefaultMaxRestores
 	}
 	if o.SnapshotKeep == 0 {
-		o.SnapshotKeep = 3
+		o.SnapshotKeep = DefaultSnapshotKeep
 	}
 	return o
 }
+
+// DefaultSnapshotKeep is SnapshotKeep's default: the newest snapshot and
+// two older ones to fall back to should it be refused.
+const DefaultSnapshotKeep = 3
 
 // DefaultTransactionInterval is TransactionInterval's default: Kafka
 // Streams' commit.interval.ms under exactly-once.
 const DefaultTransactionInterval = 100 * time.Millisecond
 
-// validate returns every problem of o (after defaults), joined: a required
-// field missing, a topic used for two purposes, or ErrStaging.
-func (o Options) validate() error {
-	var errs []error
+// ErrInvalidOptions is wrapped by Validate's error, and so by New's for
+// Options it cannot honour.
+var ErrInvalidOptions = errors.New("consumer: invalid options")
+
+// Validate reports every field of o, as given, that New cannot honour, in
+// one *optcheck.Error wrapping ErrInvalidOptions, each problem naming the
+// field (its Go name: "InputTopics"): a required field missing, a topic
+// used for two purposes (an input topic listed twice, or also the output,
+// the duplicates or the dead-letter topic), an unknown Delivery, a
+// TransactionalID without ExactlyOnce, a negative duration or size. It
+// does not apply defaults (New applies them first, then asks Validate and
+// checks Dedup against the delivery: ErrStaging), and it does not look at
+// Dedup, Snapshots, Logger, Registerer or the client options.
+func (o Options) Validate() error {
+	l := optcheck.New(ErrInvalidOptions)
 	if len(o.Brokers) == 0 {
-		errs = append(errs, errors.New("consumer: no brokers"))
+		l.Add("Brokers", o.Brokers, "must name at least one seed broker")
 	}
 	if len(o.InputTopics) == 0 {
-		errs = append(errs, errors.New("consumer: no input topics"))
+		l.Add("InputTopics", o.InputTopics, "must name at least one topic")
+	}
+	seen := map[string]bool{}
+	for _, t := range o.InputTopics {
+		switch {
+		case seen[t]:
+			l.Add("InputTopics", o.InputTopics, fmt.Sprintf("topic %q is listed more than once", t))
+		case t != "" && t == o.OutputTopic:
+			l.Add("InputTopics", o.InputTopics, fmt.Sprintf("topic %q is also the output topic; the worker would read its own output", t))
+		}
+		seen[t] = true
 	}
 	if o.OutputTopic == "" {
-		errs = append(errs, errors.New("consumer: no output topic"))
+		l.Add("OutputTopic", o.OutputTopic, "must not be empty")
 	}
-	if d := o.DuplicatesTopic; d != "" && (d == o.OutputTopic || slices.Contains(o.InputTopics, d)) {
-		errs = append(errs, fmt.Errorf("consumer: duplicates topic %q is also the output topic or an input topic", d))
+	if d := o.DuplicatesTopic; d != "" {
+		switch {
+		case d == o.OutputTopic:
+			l.Add("DuplicatesTopic", d, "must differ from the output topic; dropped records would mix with the output")
+		case seen[d]:
+			l.Add("DuplicatesTopic", d, "is also an input topic; the worker would read the records it dropped")
+		}
 	}
-	if d := o.DeadLetterTopic; d != "" && (d == o.OutputTopic || d == o.DuplicatesTopic || slices.Contains(o.InputTopics, d)) {
-		errs = append(errs, fmt.Errorf("consumer: dead-letter topic %q is also the output, the duplicates or an input topic", d))
+	if d := o.DeadLetterTopic; d != "" {
+		switch {
+		case d == o.OutputTopic:
+			l.Add("DeadLetterTopic", d, "must differ from the output topic; dead letters would mix with the output")
+		case d == o.DuplicatesTopic:
+			l.Add("DeadLetterTopic", d, "must differ from the duplicates topic; dead letters would mix with dropped records")
+		case seen[d]:
+			l.Add("DeadLetterTopic", d, "is also an input topic; the worker would read its own dead letters")
+		}
 	}
+	if !o.Delivery.Valid() {
+		l.Add("Delivery", o.Delivery, "must be at-least-once or exactly-once")
+	}
+	if o.TransactionalID != "" && o.Delivery != ExactlyOnce {
+		l.Add("TransactionalID", o.TransactionalID, "is only used with exactly-once delivery")
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"SessionTimeout", o.SessionTimeout}, {"ShutdownTimeout", o.ShutdownTimeout}, {"MetadataMaxAge", o.MetadataMaxAge},
+		{"FlushInterval", o.FlushInterval}, {"TransactionInterval", o.TransactionInterval}, {"SnapshotInterval", o.SnapshotInterval},
+	} {
+		if d.v < 0 {
+			l.Add(d.field, d.v, "must not be negative")
+		}
+	}
+	if o.FlushBytes < 0 {
+		l.Add("FlushBytes", o.FlushBytes, "must not be negative")
+	}
+	if o.MaxDecompressBytes < 0 {
+		l.Add("MaxDecompressBytes", o.MaxDecompressBytes, "must not be negative")
+	}
+	if o.SnapshotKeep < 0 {
+		l.Add("SnapshotKeep", o.SnapshotKeep, "must not be negative")
+	}
+	return l.Err()
+}
+
+// validate is New's check of o (after defaults): Validate's problems and
+// the deduplicators' fit with the delivery and the write batches.
+func (o Options) validate() error {
+	errs := []error{o.Validate()}
 	switch {
 	case o.Dedup == nil:
 		errs = append(errs, errors.New("consumer: Dedup is required"))

@@ -28,14 +28,14 @@ type Opener struct {
 // size other than db's, and the filter's error for invalid opts.Filter,
 // which Open would return for every partition.
 func NewOpener(db *store.DB, opts Options, m *Metrics) (*Opener, error) {
-	opts, err := opts.over(db)
+	opts, err := opts.withDefaults().over(db)
 	if err != nil {
 		return nil, err
 	}
-	if err := opts.validate(); err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	f := opts.Filter
+	f := opts.Filter.WithDefaults()
 	f.KeySpec = opts.Key.String() // as Open stores it
 	if err := f.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrOptions, err)
@@ -62,6 +62,11 @@ func (o Options) StateParams() filter.Params {
 // transaction (store.DB.FlushBytes): a worker cuts its write batches at
 // it or below.
 func (o *Opener) FlushBytes() int64 { return o.db.FlushBytes() }
+
+// PageBytes is the size of a filter page, in bytes: the store's
+// (store.DB.PageBytes), which owns it; every deduplicator the Opener
+// opens uses pages of this size.
+func (o *Opener) PageBytes() int { return o.db.PageBytes() }
 
 // DirtyPageBytes is the memory the dirty pages of every partition of o's
 // store hold (store.DB.DirtyPageBytes). Safe for concurrent use.

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/internal/optcheck"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -135,12 +136,34 @@ func (o Options) over(db *store.DB) (Options, error) {
 	return o, nil
 }
 
-func (o Options) validate() error {
+// Validate reports every field of o, as given, that Open cannot honour,
+// in one *optcheck.Error wrapping ErrOptions, each problem naming the
+// field (its Go name): MaxOccurrences from 1 to twice the filter's bucket
+// size (a bucket pair holds that many copies of a key's fingerprint; a
+// higher limit would add a sub-filter on every occurrence of a hot key),
+// and a DeleteValue without a DeleteHeader. The filter's parameters are the filter's to
+// validate (filter.Params.Validate; NewOpener and Open ask it). It does
+// not apply defaults: Open treats MaxOccurrences 0 as 1 first.
+func (o Options) Validate() error {
+	l := optcheck.New(ErrOptions)
 	b := o.Filter.WithDefaults().BucketSize
-	if o.MaxOccurrences < 0 || o.MaxOccurrences > 2*b {
-		return fmt.Errorf("%w: MaxOccurrences %d must be from 1 to %d (twice the bucket size %d)", ErrOptions, o.MaxOccurrences, 2*b, b)
+	if o.MaxOccurrences < 1 {
+		l.Add("MaxOccurrences", o.MaxOccurrences, "must be at least 1")
+	} else if filter.ValidBucketSize(b) && o.MaxOccurrences > 2*b {
+		l.Add("MaxOccurrences", o.MaxOccurrences, fmt.Sprintf("must be at most twice the bucket size, %d: a bucket pair holds that many copies of a key's fingerprint", 2*b))
 	}
-	return nil
+	if o.DeleteValue != "" && o.DeleteHeader == "" {
+		l.Add("DeleteHeader", o.DeleteHeader, "must name the header that DeleteValue marks deletes with")
+	}
+	return l.Err()
+}
+
+// withDefaults returns o with MaxOccurrences 0 as 1.
+func (o Options) withDefaults() Options {
+	if o.MaxOccurrences == 0 {
+		o.MaxOccurrences = 1
+	}
+	return o
 }
 
 // Forwards reports whether a record decided d goes to the output topic.
@@ -220,11 +243,11 @@ func (o Options) paramsError(perr *filter.ParamsError) error {
 // m may be shared by every Deduplicator of the process; nil means unregistered
 // metrics.
 func Open(db *store.DB, topic string, partition int32, opts Options, m *Metrics) (*Deduplicator, error) {
-	opts, err := opts.over(db)
+	opts, err := opts.withDefaults().over(db)
 	if err != nil {
 		return nil, fmt.Errorf("opening %s/%d: %w", topic, partition, err)
 	}
-	if err := opts.validate(); err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("opening %s/%d: %w", topic, partition, err)
 	}
 	st, err := db.Partition(topic, partition)

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kdedup/kdedup/internal/optcheck"
 )
 
 // testSeed is the hash seed of the chains tests build, so that a test's
@@ -471,33 +473,33 @@ func TestDeterministic(t *testing.T) {
 func TestParamsValidate(t *testing.T) {
 	for _, tc := range []struct {
 		p    Params
-		want string // substring of the error, "" for valid
+		want string // the one field the error names, "" for valid
 	}{
 		{Params{}, ""},
 		{Params{FingerprintBits: 8, BucketSize: 2, PageBytes: 512}, ""},
 		{Params{FingerprintBits: 12}, ""},
-		{Params{FingerprintBits: 3}, "fingerprint bits 3"},
-		{Params{FingerprintBits: 33}, "fingerprint bits 33"},
-		{Params{TargetFPR: 1.5}, "target false-positive rate"},
-		{Params{BucketSize: 3}, "bucket size 3"},
-		{Params{MaxKicks: -1}, "max kicks -1"},
-		{Params{Expansion: 65}, "expansion 65"},
-		{Params{PageBytes: 3000}, "page bytes 3000"},
-		{Params{FingerprintBits: 32, BucketSize: 8, PageBytes: 16}, "smaller than two buckets"},
+		{Params{FingerprintBits: 3}, "FingerprintBits"},
+		{Params{FingerprintBits: 33}, "FingerprintBits"},
+		{Params{TargetFPR: 1.5}, "TargetFPR"},
+		{Params{BucketSize: 3}, "BucketSize"},
+		{Params{MaxKicks: -1}, "MaxKicks"},
+		{Params{Expansion: 65}, "Expansion"},
+		{Params{PageBytes: 3000}, "PageBytes"},
+		{Params{FingerprintBits: 32, BucketSize: 8, PageBytes: 16}, "PageBytes"},
 		// One bucket of 32-bit fingerprints: a key would have one bucket.
-		{Params{TargetFPR: 1e-6, BucketSize: 8, PageBytes: 32}, "smaller than two buckets"},
-		{Params{KeySpec: strings.Repeat("k", 1<<16)}, "key spec of 65536 bytes"},
+		{Params{TargetFPR: 1e-6, BucketSize: 8, PageBytes: 32}, "PageBytes"},
+		{Params{KeySpec: strings.Repeat("k", 1<<16)}, "KeySpec"},
 		{Params{KeySpec: strings.Repeat("k", 1<<16-1)}, ""},
-		{Params{Capacity: 1 << 40}, "capacity"},
+		{Params{Capacity: 1 << 40}, "Capacity"},
 		{Params{TargetFPR: 1e-6, BucketSize: 8, PageBytes: 64}, ""},
 	} {
 		t.Run(fmt.Sprintf("%.200s", tc.p.String()), func(t *testing.T) {
-			err := tc.p.Validate()
+			err := tc.p.WithDefaults().Validate()
 			if tc.want == "" && err != nil {
 				t.Fatalf("unexpected error %v", err)
 			}
-			if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
-				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			if tc.want != "" && !slices.Equal(problemFields(err), []string{tc.want}) {
+				t.Fatalf("error %v, want one problem, naming %s", err, tc.want)
 			}
 		})
 	}
@@ -734,4 +736,19 @@ func TestGrowingWritesWholePagesOnlyBySplits(t *testing.T) {
 	if pager.ranges < n {
 		t.Errorf("%d slot ranges marked for %d new keys: want at least one a key", pager.ranges, n)
 	}
+}
+
+// problemFields returns the fields an *optcheck.Error names, in order, or
+// nil for another error; it fails on an error that does not wrap
+// ErrInvalidParams.
+func problemFields(err error) []string {
+	var oe *optcheck.Error
+	if !errors.As(err, &oe) || !errors.Is(err, ErrInvalidParams) {
+		return nil
+	}
+	var fields []string
+	for _, p := range oe.Problems {
+		fields = append(fields, p.Field)
+	}
+	return fields
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kdedup/kdedup/internal/optcheck"
 )
 
 // Defaults of Params; a zero field means its default.
@@ -184,46 +186,62 @@ func (p Params) WithDefaults() Params {
 	return p
 }
 
-// Validate reports every invalid field of p (after defaults) in one error.
+// ErrInvalidParams is wrapped by Validate's error (an *optcheck.Error whose
+// problems name Params fields), and so by New's and Open's.
+var ErrInvalidParams = errors.New("filter: invalid parameters")
+
+// Validate reports every invalid field of p, as given, in one
+// *optcheck.Error wrapping ErrInvalidParams, each problem naming the field
+// (its Go name: "BucketSize"). It does not apply defaults: a zero field
+// that should mean its default needs WithDefaults first, as New and Open
+// do (Pebble's EnsureDefaults, then Validate); a caller that sets every
+// field (kdedup's config) validates its values as they are. A rule that
+// relates two fields is skipped while either is invalid. The limits are
+// the filter's own: what its page layout and hashing can represent; a
+// caller may support a narrower range.
 func (p Params) Validate() error {
-	p = p.WithDefaults()
-	var errs []error
+	l := optcheck.New(ErrInvalidParams)
 	if p.FingerprintBits != 0 && (p.FingerprintBits < MinFingerprintBits || p.FingerprintBits > MaxFingerprintBits) {
-		errs = append(errs, fmt.Errorf("filter: fingerprint bits %d: must be %d to %d", p.FingerprintBits, MinFingerprintBits, MaxFingerprintBits))
+		l.Add("FingerprintBits", p.FingerprintBits, fmt.Sprintf("must be 0 (derived from the target false-positive rate) or from %d to %d", MinFingerprintBits, MaxFingerprintBits))
 	}
-	if p.FingerprintBits == 0 && !(p.TargetFPR > 0 && p.TargetFPR < 1) {
-		errs = append(errs, fmt.Errorf("filter: target false-positive rate %g: must be between 0 and 1", p.TargetFPR))
+	// With a fixed width the rate is not used, and 0 leaves it unset.
+	if (p.FingerprintBits == 0 || p.TargetFPR != 0) && !(p.TargetFPR > 0 && p.TargetFPR < 1) {
+		l.Add("TargetFPR", p.TargetFPR, "must be between 0 and 1, such as 0.0001")
+	}
+	if p.Capacity < 1 {
+		l.Add("Capacity", p.Capacity, "must be at least 1 key")
 	}
 	if !ValidBucketSize(p.BucketSize) {
-		errs = append(errs, fmt.Errorf("filter: bucket size %d: must be 2, 4 or 8", p.BucketSize))
+		l.Add("BucketSize", p.BucketSize, "must be 2, 4 or 8")
 	}
 	if p.MaxKicks < 1 || p.MaxKicks > MaxMaxKicks {
-		errs = append(errs, fmt.Errorf("filter: max kicks %d: must be 1..%d", p.MaxKicks, MaxMaxKicks))
+		l.Add("MaxKicks", p.MaxKicks, fmt.Sprintf("must be from 1 to %d", MaxMaxKicks))
 	}
 	if p.Expansion < 1 || p.Expansion > MaxExpansion {
-		errs = append(errs, fmt.Errorf("filter: expansion %d: must be 1..%d", p.Expansion, MaxExpansion))
+		l.Add("Expansion", p.Expansion, fmt.Sprintf("must be from 1 to %d", MaxExpansion))
 	}
 	if p.PageBytes <= 0 || p.PageBytes&(p.PageBytes-1) != 0 || p.PageBytes > MaxPageBytes {
-		errs = append(errs, fmt.Errorf("filter: page bytes %d: must be a power of two up to 1 MiB", p.PageBytes))
-	} else if len(errs) == 0 && p.PageBytes < MinPageBytes(p.BucketSize) {
+		l.Add("PageBytes", p.PageBytes, fmt.Sprintf("must be a power of two up to %d bytes", MaxPageBytes))
+	} else if !l.Has("BucketSize") && p.PageBytes < MinPageBytes(p.BucketSize) {
 		// A key's two buckets are distinct buckets of one page.
-		errs = append(errs, fmt.Errorf("filter: page bytes %d: smaller than two buckets of %d-bit fingerprints", p.PageBytes, MaxFingerprintBits))
+		l.Add("PageBytes", p.PageBytes, fmt.Sprintf("must hold two buckets of %d-bit fingerprints, %d bytes", MaxFingerprintBits, MinPageBytes(p.BucketSize)))
 	}
 	if p.Window < 0 {
-		errs = append(errs, fmt.Errorf("filter: window %s: must not be negative", p.Window))
+		l.Add("Window", p.Window, "must not be negative; 0 remembers keys until they are deleted")
 	}
 	if p.Window > 0 && (p.Generations < 1 || p.Generations > MaxGenerations) {
-		errs = append(errs, fmt.Errorf("filter: generations %d: must be 1..%d", p.Generations, MaxGenerations))
+		l.Add("Generations", p.Generations, fmt.Sprintf("must be from 1 to %d", MaxGenerations))
 	} else if p.Window > 0 && p.Window.Milliseconds() < int64(p.Generations) {
-		errs = append(errs, fmt.Errorf("filter: window %s: must be at least one millisecond per generation (%d)", p.Window, p.Generations))
+		l.Add("Window", p.Window, fmt.Sprintf("must be at least one millisecond per generation (%d)", p.Generations))
 	}
 	if len(p.KeySpec) > maxKeySpecBytes {
-		errs = append(errs, fmt.Errorf("filter: key spec of %d bytes: at most %d", len(p.KeySpec), maxKeySpecBytes))
+		l.Add("KeySpec", fmt.Sprintf("(%d bytes)", len(p.KeySpec)), fmt.Sprintf("must be at most %d bytes", maxKeySpecBytes))
 	}
-	if len(errs) == 0 && p.Capacity > p.MaxCapacity() {
-		errs = append(errs, fmt.Errorf("filter: capacity %d needs more than 2^%d pages of %d bytes (at most %d keys): raise the page size", p.Capacity, maxPageBits, p.PageBytes, p.MaxCapacity()))
+	if l.Err() == nil && p.Capacity > p.MaxCapacity() {
+		l.Add("Capacity", p.Capacity, fmt.Sprintf("must be at most %d keys with %d-byte pages and %d-bit fingerprints: the first sub-filter holds at most 2^%d pages; raise the page size or lower the capacity",
+			p.MaxCapacity(), p.PageBytes, p.SubFilterBits(0), maxPageBits))
 	}
-	return errors.Join(errs...)
+	return l.Err()
 }
 
 // MaxCapacity is the largest Capacity that Validate accepts with p's other

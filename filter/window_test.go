@@ -3,7 +3,7 @@ package filter
 import (
 	"errors"
 	"math/rand/v2"
-	"strings"
+	"slices"
 	"testing"
 	"time"
 )
@@ -262,12 +262,12 @@ func TestWindowParams(t *testing.T) {
 		p    Params
 		want string
 	}{
-		{Params{Window: -time.Second}, "must not be negative"},
-		{Params{Window: time.Hour, Generations: 65}, "generations 65"},
-		{Params{Window: 3 * time.Millisecond, Generations: 4}, "one millisecond per generation"},
+		{Params{Window: -time.Second}, "Window"},
+		{Params{Window: time.Hour, Generations: 65}, "Generations"},
+		{Params{Window: 3 * time.Millisecond, Generations: 4}, "Window"},
 	} {
-		if err := tc.p.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("Validate(%s) = %v, want an error containing %q", tc.p, err, tc.want)
+		if err := tc.p.WithDefaults().Validate(); !slices.Equal(problemFields(err), []string{tc.want}) {
+			t.Errorf("Validate(%s) = %v, want one problem, naming %s", tc.p, err, tc.want)
 		}
 	}
 	if g := (Params{Window: time.Hour}).WithDefaults().Generations; g != DefaultGenerations {

@@ -15,11 +15,11 @@ func TestMaxFlushBytes(t *testing.T) {
 			t.Fatalf("PageBytes %d: MaxFlushBytes %d is below one page", pb, most)
 		}
 		ok := Options{Dir: "data", PageBytes: pb, FlushBytes: most}.withDefaults()
-		if err := ok.validate(); err != nil {
+		if err := ok.Validate(); err != nil {
 			t.Errorf("PageBytes %d: FlushBytes %d (MaxFlushBytes) refused: %v", pb, most, err)
 		}
 		over := Options{Dir: "data", PageBytes: pb, FlushBytes: most + 1}.withDefaults()
-		if err := over.validate(); err == nil {
+		if err := over.Validate(); err == nil {
 			t.Errorf("PageBytes %d: FlushBytes %d (MaxFlushBytes+1) accepted", pb, most+1)
 		}
 	}

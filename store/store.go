@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/internal/optcheck"
 )
 
 // Errors returned by the store. Errors from Badger are wrapped with what was
@@ -207,44 +208,47 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// validate returns every problem of o (after withDefaults) in one error.
-func (o Options) validate() error {
-	var problems []string
+// Validate reports every field of o, as given, that Open cannot honour, in
+// one *optcheck.Error wrapping ErrInvalidOptions, each problem naming the
+// field (its Go name: "PageBytes"). It does not apply defaults: Open
+// applies them first (a zero field means its default there), and a caller
+// that sets every field (kdedup's config) validates its values as they
+// are. The limits are the store's own (a caller may support a narrower
+// range). Errors: none besides the returned one.
+func (o Options) Validate() error {
+	l := optcheck.New(ErrInvalidOptions)
 	switch {
 	case o.InMemory && o.Dir != "":
-		problems = append(problems, fmt.Sprintf("Dir %q must be empty with InMemory", o.Dir))
+		l.Add("Dir", o.Dir, "must be empty with InMemory")
 	case !o.InMemory && o.Dir == "":
-		problems = append(problems, "Dir is required unless InMemory")
+		l.Add("Dir", o.Dir, "must not be empty: the directory of the state")
 	}
 	if o.InMemory && o.ReadOnly {
-		problems = append(problems, "ReadOnly and InMemory exclude each other")
+		l.Add("ReadOnly", o.ReadOnly, "excludes InMemory")
 	}
 	if o.PageBytes < 1 || o.PageBytes > MaxPageBytes {
-		problems = append(problems, fmt.Sprintf("PageBytes %d outside 1..%d", o.PageBytes, MaxPageBytes))
+		l.Add("PageBytes", o.PageBytes, fmt.Sprintf("must be from 1 to %d bytes", MaxPageBytes))
 	}
 	if o.CacheBytes < 0 {
-		problems = append(problems, fmt.Sprintf("CacheBytes %d is negative", o.CacheBytes))
+		l.Add("CacheBytes", o.CacheBytes, "must not be negative")
 	}
 	if o.WriteBackInterval < 0 {
-		problems = append(problems, fmt.Sprintf("WriteBackInterval %s is negative", o.WriteBackInterval))
+		l.Add("WriteBackInterval", o.WriteBackInterval, "must not be negative")
 	}
 	if o.WriteBackBytes < 0 {
-		problems = append(problems, fmt.Sprintf("WriteBackBytes %d is negative", o.WriteBackBytes))
+		l.Add("WriteBackBytes", o.WriteBackBytes, "must not be negative")
 	}
 	if o.FlushBytes < 0 {
-		problems = append(problems, fmt.Sprintf("FlushBytes %d is negative", o.FlushBytes))
-	} else if o.PageBytes > 0 && o.PageBytes <= MaxPageBytes {
+		l.Add("FlushBytes", o.FlushBytes, "must not be negative")
+	} else if !l.Has("PageBytes") {
 		size, _ := batchLimits(o.PageBytes, o.FlushBytes, o.valueThreshold())
-		if mt := memTableBytes(size); o.FlushBytes > maxFlushBytes(o.PageBytes, o.valueThreshold()) {
-			problems = append(problems, fmt.Sprintf(
-				"FlushBytes %d: a write batch of up to %d bytes needs a Badger memtable of %d bytes, above the %d-byte limit",
-				o.FlushBytes, size, mt, int64(maxMemTableBytes)))
+		if most := maxFlushBytes(o.PageBytes, o.valueThreshold()); o.FlushBytes > most {
+			l.Add("FlushBytes", o.FlushBytes, fmt.Sprintf(
+				"must be at most %d bytes (%d MiB) with %d-byte pages: one write batch is one Badger transaction, and a write batch of up to %d bytes needs a memtable of %d bytes, above the %d-byte limit (smaller pages weigh more per byte: keys)",
+				most, most>>20, o.PageBytes, size, memTableBytes(size), int64(maxMemTableBytes)))
 		}
 	}
-	if len(problems) > 0 {
-		return fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
-	}
-	return nil
+	return l.Err()
 }
 
 // MaxFlushBytes is the largest Options.FlushBytes that Open accepts with
@@ -455,7 +459,7 @@ func Open(opts Options) (*DB, error) {
 
 func open(opts Options, tn tuning) (*DB, error) {
 	opts = opts.withDefaults()
-	if err := opts.validate(); err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	if tn.freeBytes == nil {

@@ -505,7 +505,7 @@ func TestOptionsValidate(t *testing.T) {
 	}{
 		{"in memory", Options{InMemory: true}, nil},
 		{"dir", Options{Dir: "/x"}, nil},
-		{"neither", Options{}, []string{"Dir is required"}},
+		{"neither", Options{}, []string{"Dir : must not be empty"}},
 		{"both", Options{Dir: "/x", InMemory: true}, []string{"must be empty"}},
 		{"read-only in memory", Options{InMemory: true, ReadOnly: true}, []string{"ReadOnly"}},
 		{
@@ -513,11 +513,11 @@ func TestOptionsValidate(t *testing.T) {
 			Options{Dir: "/x", PageBytes: MaxPageBytes + 1, CacheBytes: -1, FlushBytes: -1},
 			[]string{"PageBytes", "CacheBytes", "FlushBytes"},
 		},
-		{"negative page", Options{InMemory: true, PageBytes: -4}, []string{"PageBytes -4"}},
+		{"negative page", Options{InMemory: true, PageBytes: -4}, []string{"PageBytes -4:"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.opts.withDefaults().validate()
+			err := tt.opts.withDefaults().Validate()
 			if len(tt.want) == 0 {
 				if err != nil {
 					t.Fatalf("validate: %v", err)

@@ -9,8 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/filter"
+	"github.com/kdedup/kdedup/internal/optcheck"
 	"github.com/kdedup/kdedup/snapshot"
 )
 
@@ -58,10 +58,10 @@ type snapshotReport struct {
 // inspectSnapshots lists (and with verify, checks) the snapshots of the
 // store at rawURL selected by sel. rawURL passes the worker's rule for
 // KDEDUP_SNAPSHOT_URL first, so that no error prints credentials it holds
-// (it is printed through config.RedactURL, never as given).
+// (it is printed through optcheck.RedactURL, never as given).
 func inspectSnapshots(rawURL, group string, sel stateFlags, verify, asJSON bool, stdout io.Writer) error {
-	if reason := config.SnapshotURLProblem(rawURL); reason != "" {
-		return fmt.Errorf("%w: -snapshots %s: %s", errUsage, config.RedactURL(rawURL), reason)
+	if err := snapshot.CheckURL(rawURL); err != nil {
+		return fmt.Errorf("%w: -snapshots %s: %s", errUsage, optcheck.RedactURL(rawURL), optcheck.Reasons(err))
 	}
 	ctx := context.Background()
 	root, err := snapshot.Open(ctx, rawURL)

@@ -132,20 +132,14 @@ type components struct {
 // worker runs, with the error Run returns. On error nothing it opened is
 // left open.
 func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *prometheus.Registry, o options) (*components, error) {
-	if err := cfg.Validate(); err != nil {
+	// Every rule, the packages' own included (config.Config.Validate asks
+	// each), checked before anything connects or opens state.
+	own, err := cfg.Options()
+	if err != nil {
 		return nil, fmt.Errorf("%w:\n%v", ErrConfig, err)
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	// The configuration rules that belong to the packages: checked before
-	// anything connects or opens state.
-	dopts, err := DedupOptions(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
-	}
-	if err := dopts.Filter.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
-	}
 	mem, memSource, err := MemoryBudget(cfg, budget.CgroupLimit)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
@@ -170,16 +164,8 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 	if err != nil {
 		return nil, err
 	}
-	sopts := store.Options{
-		Dir:        cfg.DataDir,
-		PageBytes:  int(cfg.PageBytes),
-		CacheBytes: mem.Cache,
-		FlushBytes: int64(cfg.FlushBytes),
-		Logger:     log,
-		Registerer: reg,
-
-		WriteBackInterval: cfg.WriteBackInterval,
-	}
+	sopts := own.Store
+	sopts.CacheBytes, sopts.Logger, sopts.Registerer = mem.Cache, log, reg
 	dmg := newDamaged(cfg.DataDir, reg, log)
 	dmg.measure()
 	db, err := store.Open(sopts)
@@ -206,49 +192,26 @@ func build(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promet
 	c := &components{db: db, log: log, snaps: snaps}
 
 	c.dm = dedup.NewMetrics(reg)
-	opener, err := dedup.NewOpener(db, dopts, c.dm)
+	opener, err := dedup.NewOpener(db, own.Dedup, c.dm)
 	if err != nil {
 		c.closeDB()
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	kp := clientMetrics(reg)
-	c.w, err = consumer.New(consumer.Options{
-		Brokers:         cfg.Brokers,
-		InputTopics:     cfg.InputTopics,
-		OutputTopic:     cfg.OutputTopic,
-		DuplicatesTopic: cfg.DuplicatesTopic,
-		DeadLetterTopic: cfg.DeadLetterTopic,
-		MaxRecordBytes: func(topic string) int {
-			if n, ok := recordLimits[topic]; ok {
-				return n
-			}
-			return consumer.DefaultMaxRecordBytes
-		},
-		MaxDecompressBytes:  int(cfg.MaxDecompressBytes),
-		Group:               cfg.Group,
-		InstanceID:          cfg.InstanceID,
-		StartAtLatest:       cfg.StartOffset == config.StartLatest,
-		SessionTimeout:      cfg.SessionTimeout,
-		ShutdownTimeout:     cfg.ShutdownTimeout,
-		MetadataMaxAge:      cfg.MetadataMaxAge,
-		Delivery:            cfg.Delivery,
-		TransactionalID:     cfg.TransactionalID,
-		RebuildEmpty:        cfg.Rebuild == config.RebuildEmpty,
-		FlushInterval:       cfg.FlushInterval,
-		TransactionInterval: cfg.TransactionInterval,
-		MaxDirtyPageBytes:   maxDirty,
-		FetchMaxBytes:       int32(mem.Fetch),
-		MaxRestores:         mem.MaxRestores,
-		Dedup:               opener,
-		Snapshots:           snaps,
-		SnapshotInterval:    cfg.SnapshotInterval,
-		SnapshotKeep:        cfg.SnapshotKeep,
-		Logger:              log,
-		Registerer:          reg,
-		// The logger here replaces the one the worker gives its clients.
-		ConnOpts:   append(kafkaOpts, clientLogger(log, cfg.SlogLevel())),
-		ClientOpts: append([]kgo.Opt{kgo.WithHooks(kp)}, o.clientOpts...),
-	})
+	copts := own.Consumer
+	copts.MaxRecordBytes = func(topic string) int {
+		if n, ok := recordLimits[topic]; ok {
+			return n
+		}
+		return consumer.DefaultMaxRecordBytes
+	}
+	copts.MaxDirtyPageBytes, copts.FetchMaxBytes, copts.MaxRestores = maxDirty, int32(mem.Fetch), mem.MaxRestores
+	copts.Dedup, copts.Snapshots = opener, snaps
+	copts.Logger, copts.Registerer = log, reg
+	// The logger here replaces the one the worker gives its clients.
+	copts.ConnOpts = append(kafkaOpts, clientLogger(log, own.LogLevel))
+	copts.ClientOpts = append([]kgo.Opt{kgo.WithHooks(kp)}, o.clientOpts...)
+	c.w, err = consumer.New(copts)
 	if err != nil {
 		c.closeDB()
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
@@ -359,26 +322,6 @@ func liveCheck(w *consumer.Worker, bound time.Duration) func() error {
 		}
 		return fmt.Errorf("stuck: %s for %s (KDEDUP_LIVENESS_TIMEOUT=%s)", p.Stage, time.Since(p.Since).Round(time.Second), bound)
 	}
-}
-
-// DedupOptions translates the configuration into the deduplicator's options.
-func DedupOptions(cfg config.Config) (dedup.Options, error) {
-	key, err := dedup.ParseKey(cfg.Key)
-	if err != nil {
-		return dedup.Options{}, err
-	}
-	name, value, _ := cfg.DeleteHeaderNameValue()
-	return dedup.Options{
-		Key:            key,
-		DeleteHeader:   name,
-		DeleteValue:    value,
-		DropTombstones: !cfg.ForwardTombstones,
-		MaxOccurrences: cfg.MaxOccurrences,
-		Refresh:        cfg.WindowRefresh,
-		Staged:         cfg.Delivery == consumer.ExactlyOnce,
-		Filter:         cfg.FilterParams(),
-		ParamNames:     config.FilterVariables(),
-	}, nil
 }
 
 // httpHandler serves /metrics from reg, /readyz from ready and /healthz

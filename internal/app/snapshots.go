@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/internal/optcheck"
 	"github.com/kdedup/kdedup/snapshot"
 )
 
@@ -15,10 +16,10 @@ import (
 const snapshotProbeTimeout = 10 * time.Second
 
 // openSnapshots opens the snapshot store of KDEDUP_SNAPSHOT_URL (nil when
-// unset). A URL that config's rule refuses or that no driver accepts stops
-// start-up (ErrConfig, naming the variable). The rule is asked again here,
-// though build has validated cfg, because it refuses a URL holding
-// credentials, and snapshot.Open's errors may quote the URL it is given. A
+// unset). A URL that the snapshot package's rule refuses
+// (snapshot.CheckURL) or that no driver accepts stops start-up (ErrConfig,
+// naming the variable). The rule is asked again here, though build has
+// validated cfg, because it refuses a URL holding credentials, and snapshot.Open's errors may quote the URL it is given. A
 // store that does not answer is logged at WARN and used anyway: restores
 // fall back to replays and uploads are retried, so an object store outage
 // never stops the worker.
@@ -26,8 +27,8 @@ func openSnapshots(ctx context.Context, cfg config.Config, log *slog.Logger) (*s
 	if cfg.SnapshotURL == "" {
 		return nil, nil
 	}
-	if reason := config.SnapshotURLProblem(cfg.SnapshotURL); reason != "" {
-		return nil, fmt.Errorf("%w: KDEDUP_SNAPSHOT_URL=%s: %s", ErrConfig, config.RedactURL(cfg.SnapshotURL), reason)
+	if err := snapshot.CheckURL(cfg.SnapshotURL); err != nil {
+		return nil, fmt.Errorf("%w: KDEDUP_SNAPSHOT_URL=%s: %s", ErrConfig, optcheck.RedactURL(cfg.SnapshotURL), optcheck.Reasons(err))
 	}
 	st, err := snapshot.Open(ctx, cfg.SnapshotURL)
 	if err != nil {

@@ -20,7 +20,6 @@ import (
 	"github.com/kdedup/kdedup/config"
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
-	"github.com/kdedup/kdedup/internal/app"
 	"github.com/kdedup/kdedup/internal/benchenv"
 	"github.com/kdedup/kdedup/internal/harness"
 	"github.com/kdedup/kdedup/snapshot"
@@ -126,7 +125,9 @@ func BenchmarkRestoreMemory(b *testing.B) {
 	if pages == 0 {
 		b.Fatalf("KDEDUP_BENCH_STATE_BYTES: less than a page of %d bytes", cfg.PageBytes)
 	}
-	env["KDEDUP_CAPACITY"] = strconv.FormatUint(capacityFor(b, cfg.FilterParams(), pages), 10)
+	params := cfg.FilterParams()
+	params.PageBytes = int(cfg.PageBytes) // the store's, which the deduplicators take
+	env["KDEDUP_CAPACITY"] = strconv.FormatUint(capacityFor(b, params, pages), 10)
 	if cfg, err = config.LoadFrom(env); err != nil {
 		b.Fatal(err)
 	}
@@ -202,7 +203,7 @@ func capacityFor(b *testing.B, p filter.Params, pages uint64) uint64 {
 // sub-filter, of random bytes.
 func writeSnapshots(b *testing.B, cfg config.Config, topic string, partitions int, pages uint64) {
 	ctx := context.Background()
-	dopts, err := app.DedupOptions(cfg)
+	dopts, err := cfg.DedupOptions()
 	if err != nil {
 		b.Fatal(err)
 	}

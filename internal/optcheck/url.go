@@ -1,4 +1,4 @@
-package config
+package optcheck
 
 import (
 	"errors"
@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// redactedUserinfo stands for the credentials [RedactURL] removes; it is
+// redactedUserinfo stands for the credentials RedactURL removes; it is
 // what url.URL.Redacted writes for a password.
 const redactedUserinfo = "xxxxx"
 
@@ -19,7 +19,8 @@ const redactedUserinfo = "xxxxx"
 // returned as is. The second form also covers a password holding '/', '#'
 // or '?', a URL nested in a query parameter (endpoint=https://user:pass@host)
 // and a comma-separated list of such values, at the cost of hiding more
-// than the credentials.
+// than the credentials. A problem that quotes a URL-like value (a broker,
+// a snapshot URL) quotes it through RedactURL. Safe for concurrent use.
 func RedactURL(rawURL string) string {
 	at := strings.LastIndex(rawURL, "@")
 	if at < 0 {
@@ -42,10 +43,10 @@ func RedactURL(rawURL string) string {
 	return rawURL[:start] + redactedUserinfo + rawURL[at:]
 }
 
-// urlParseReason says in words why url.Parse refused a URL. It never
+// URLParseReason says in words why url.Parse refused a URL. It never
 // quotes the URL or any part of it: url.Parse's own messages do ("invalid
 // port \":s3cr3t\" after host" is part of a password).
-func urlParseReason(err error) string {
+func URLParseReason(err error) string {
 	var uerr *url.Error
 	if errors.As(err, &uerr) {
 		err = uerr.Err
