@@ -13,7 +13,6 @@ import (
 
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
-	"github.com/kdedup/kdedup/snapshot"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -75,11 +74,7 @@ func testStopDuringImport(t *testing.T, during bool) {
 		}
 		return db, op, d
 	}
-	snaps, err := snapshot.Open(context.Background(), "file://"+t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { snaps.Close() })
+	snaps := fileSnapshots(t)
 	_, sop, sd := state(t.TempDir(), 50_000, 200_000)
 	tp := store.TopicPartition{Topic: "in", Partition: 0}
 	m, err := snaps.Put(context.Background(), tp, func(h func(store.Image) error, p func(filter.PageID, []byte) error) (bool, error) {

@@ -56,7 +56,7 @@ type planInfo struct {
 // origin returns the current origin of topic, asking the cluster's
 // metadata the first time. A topic the metadata does not describe has the
 // zero origin for its topic ID (unknown: nothing is refused for it).
-func (w *Worker) origin(ctx context.Context, adm *kadm.Client, info *planInfo, topic string) (store.Origin, error) {
+func (w *Worker) origin(ctx context.Context, adm offsetAdmin, info *planInfo, topic string) (store.Origin, error) {
 	if info.origins == nil {
 		md, err := adm.Metadata(ctx, w.opts.InputTopics...)
 		if err != nil {
@@ -84,7 +84,7 @@ func (w *Worker) origin(ctx context.Context, adm *kadm.Client, info *planInfo, t
 
 // logEnd returns the high watermark of topic/partition, listing the input's
 // end offsets the first time; ok is false when it cannot be listed.
-func (w *Worker) logEnd(ctx context.Context, adm *kadm.Client, info *planInfo, topic string, p int32) (end int64, ok bool, err error) {
+func (w *Worker) logEnd(ctx context.Context, adm offsetAdmin, info *planInfo, topic string, p int32) (end int64, ok bool, err error) {
 	if info.ends == nil {
 		l, err := adm.ListEndOffsets(ctx, w.opts.InputTopics...)
 		if err != nil {
@@ -106,7 +106,7 @@ func (w *Worker) logEnd(ctx context.Context, adm *kadm.Client, info *planInfo, t
 // checkpoint is beyond the log end: the partition starts at the log end.
 // A storage error, or one moving the state aside, is returned: nothing is
 // cleared then.
-func (w *Worker) checkOrigin(ctx context.Context, adm *kadm.Client, info *planInfo, pw *partitionWorker, cur store.Origin) (at kgo.Offset, resume bool, err error) {
+func (w *Worker) checkOrigin(ctx context.Context, adm offsetAdmin, info *planInfo, pw *partitionWorker, cur store.Origin) (at kgo.Offset, resume bool, err error) {
 	stored := pw.dedup.Origin()
 	cp, ok := pw.dedup.Checkpoint()
 	if !ok { // no state: whatever it starts from is this topic's
@@ -169,7 +169,7 @@ func (w *Worker) checkOrigin(ctx context.Context, adm *kadm.Client, info *planIn
 // cp was decided on, at most end: the end offset of cp's leader epoch on
 // the current leader; the log start when the epoch is unknown or the
 // request fails (err says why).
-func (w *Worker) divergence(ctx context.Context, adm *kadm.Client, pw *partitionWorker, cp store.Checkpoint, end int64) (int64, error) {
+func (w *Worker) divergence(ctx context.Context, adm offsetAdmin, pw *partitionWorker, cp store.Checkpoint, end int64) (int64, error) {
 	err := errors.New("the checkpoint records no leader epoch")
 	if cp.LeaderEpoch >= 0 {
 		var req kadm.OffsetForLeaderEpochRequest

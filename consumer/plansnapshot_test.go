@@ -15,7 +15,6 @@ import (
 
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
-	"github.com/kdedup/kdedup/snapshot"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -61,11 +60,7 @@ func testPlanCancelled(t *testing.T, delivery Delivery, rebuildEmpty bool) {
 	dopts := dedup.Options{HashSeed: filter.Seed{K0: 1, K1: 2}, Staged: delivery == ExactlyOnce}
 
 	// A snapshot at offset 20 of a state that decided every record.
-	snaps, err := snapshot.Open(context.Background(), "file://"+t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { snaps.Close() })
+	snaps := fileSnapshots(t)
 	{
 		db, err := store.Open(store.Options{Dir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
@@ -99,11 +94,7 @@ func testPlanCancelled(t *testing.T, delivery Delivery, rebuildEmpty bool) {
 		}
 	}
 
-	db, err := store.Open(store.Options{Dir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
+	db := diskStore(t)
 	opener, err := dedup.NewOpener(db, dopts, nil)
 	if err != nil {
 		t.Fatal(err)

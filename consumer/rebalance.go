@@ -132,25 +132,61 @@ var errPlansStopped = errors.New("consumer: stopping: not planning where partiti
 // client should have decided are gone too: the partition resumes at the
 // log start, never at its end, logs the offsets lost and counts them
 // (kdedup_retention_skipped_offsets_total).
-func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, starts *kadm.ListedOffsets, seen *groupOffsets, info *planInfo, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
+func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm offsetAdmin, starts *kadm.ListedOffsets, seen *groupOffsets, info *planInfo, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
+	start, r, err := w.planStart(ctx, adm, starts, seen, info, pw, o)
+	if err != nil || r == nil {
+		return start, err
+	}
+	// The group client starts at start but fetches nothing until the
+	// replay (after the snapshot's restore, if any) has caught up.
+	cl.PauseFetchPartitions(map[string][]int32{pw.topic: {pw.partition}})
+	pw.startReplay(cl, r.from, r.until, r.partial, r.resume)
+	return start, nil
+}
+
+// offsetAdmin is what the plan asks the cluster (a *kadm.Client): the
+// input topics' IDs, their start, end and timestamp offsets, the group's
+// committed offsets and the end offsets of leader epochs.
+type offsetAdmin interface {
+	Metadata(ctx context.Context, topics ...string) (kadm.Metadata, error)
+	ListStartOffsets(ctx context.Context, topics ...string) (kadm.ListedOffsets, error)
+	ListEndOffsets(ctx context.Context, topics ...string) (kadm.ListedOffsets, error)
+	ListOffsetsAfterMilli(ctx context.Context, millis int64, topics ...string) (kadm.ListedOffsets, error)
+	FetchOffsets(ctx context.Context, group string) (kadm.OffsetResponses, error)
+	OffsetForLeaderEpoch(ctx context.Context, r kadm.OffsetForLeaderEpochRequest) (kadm.OffsetsForLeaderEpochs, error)
+}
+
+// replayPlan is a replay planStart decided: [from, until), partial (see
+// startReplay), then the start moved to resume if set.
+type replayPlan struct {
+	from, until int64
+	partial     bool
+	resume      *store.Checkpoint
+}
+
+// planStart is plan without its effects on the group client: it returns
+// where pw starts and the replay to start (nil: none), having set pw's
+// snapshot plan (snapPlan) when the replay restores a snapshot first.
+func (w *Worker) planStart(ctx context.Context, adm offsetAdmin, starts *kadm.ListedOffsets, seen *groupOffsets, info *planInfo, pw *partitionWorker, o kgo.Offset) (kgo.Offset, *replayPlan, error) {
 	topic, p := pw.topic, pw.partition
 	group := o.EpochOffset().Offset // negative: no committed offset
 	cur, err := w.origin(ctx, adm, info, topic)
 	if err != nil {
-		return o, err
+		return o, nil, err
 	}
 	if at, resume, err := w.checkOrigin(ctx, adm, info, pw, cur); err != nil {
 		if ctx.Err() == nil {
 			pw.fail(fmt.Errorf("checking that the state of %s/%d is this topic's: %w", topic, p, err))
 		}
-		return o, err
+		return o, nil, err
 	} else if resume {
 		w.countRestore("local")
-		return at, nil
+		return at, nil, nil
 	}
 	cp, ok := pw.dedup.Checkpoint()
 	if !ok && group < 0 { // nothing committed, no state: start empty
-		return w.startEmpty(ctx, adm, seen, pw, o)
+		start, err := w.startEmpty(ctx, adm, seen, pw, o)
+		return start, nil, err
 	}
 	// A replay needs the log start; resuming only checks it, and where it
 	// cannot be listed the group client's reset offset, the log start,
@@ -167,7 +203,7 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 			w.log.Info("resuming from the local checkpoint", "topic", topic, "partition", p, "offset", cp.Offset, "group_offset", group)
 		}
 		if cp.Offset < logStart {
-			return w.skipToLogStart(pw, cp.Offset, logStart), nil
+			return w.skipToLogStart(pw, cp.Offset, logStart), nil, nil
 		}
 		if group >= 0 && cp.Offset > group && w.mode.offsetsApart() {
 			// Fetch from the group's offset, which franz-go takes as
@@ -179,9 +215,9 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 			// (A group offset below the log start resets to it, which
 			// is at or below the checkpoint.)
 			pw.groupBehind(group)
-			return o, nil
+			return o, nil, nil
 		}
-		return kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch), nil
+		return kgo.NewOffset().At(cp.Offset).WithEpoch(cp.LeaderEpoch), nil, nil
 	case w.snapshotMayHelp(ok, cp.Offset, group):
 		// The restore goroutine lists the snapshots and falls back to what
 		// the plan would do without them (restoreSnapshot): the store is
@@ -197,11 +233,11 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 	case w.opts.RebuildEmpty:
 		w.countRestore("replay")
 		w.log.Info("no local state: starting with an empty filter (KDEDUP_REBUILD=empty)", "topic", topic, "partition", p, "group_offset", group)
-		return w.clampGroup(pw, o, logStart), nil
+		return w.clampGroup(pw, o, logStart), nil, nil
 	default:
 		var err error
 		if from, err = w.windowStart(ctx, adm, topic, p, group); err != nil {
-			return o, err
+			return o, nil, err
 		}
 	}
 	if pw.snapPlan == nil && from < group {
@@ -209,7 +245,7 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 	}
 	if lsErr != nil {
 		pw.snapPlan = nil
-		return o, lsErr // the replay's start is unknown
+		return o, nil, lsErr // the replay's start is unknown
 	}
 	partial := false
 	if pw.snapPlan == nil && logStart > from {
@@ -221,29 +257,26 @@ func (w *Worker) plan(ctx context.Context, cl *kgo.Client, adm *kadm.Client, sta
 	}
 	if from < group || pw.snapPlan != nil {
 		// The group client starts at the group's offset (o, unchanged)
-		// but fetches nothing until the replay (after the snapshot's
-		// restore, if any) has caught up.
-		cl.PauseFetchPartitions(map[string][]int32{topic: {p}})
-		var resume *store.Checkpoint
+		// and is paused there (plan).
+		r := &replayPlan{from: from, until: group, partial: partial}
 		if group >= 0 && group < logStart {
 			// Only with a snapshot: records past the group's offset were
 			// deleted before anyone decided them. The restore goroutine
 			// owns the partition until its replay ends, so it is the one
 			// that moves the start to the log start (startAt), after its
 			// last write batch; counted here, once.
-			resume = &store.Checkpoint{Offset: logStart, LeaderEpoch: -1}
+			r.resume = &store.Checkpoint{Offset: logStart, LeaderEpoch: -1}
 			w.countRetentionSkipped(pw, group, logStart)
 			o = kgo.NewOffset().At(logStart)
 		}
-		pw.startReplay(cl, from, group, partial, resume)
-		return o, nil
+		return o, r, nil
 	}
-	return w.clampGroup(pw, o, logStart), nil
+	return w.clampGroup(pw, o, logStart), nil, nil
 }
 
 // logStart returns the earliest retained offset of topic/partition, from
 // starts, listing the input's start offsets the first time it is asked.
-func (w *Worker) logStart(ctx context.Context, adm *kadm.Client, starts *kadm.ListedOffsets, topic string, p int32) (int64, error) {
+func (w *Worker) logStart(ctx context.Context, adm offsetAdmin, starts *kadm.ListedOffsets, topic string, p int32) (int64, error) {
 	if *starts == nil {
 		l, err := adm.ListStartOffsets(ctx, w.opts.InputTopics...)
 		if err != nil {
@@ -295,7 +328,7 @@ func (w *Worker) countRetentionSkipped(pw *partitionWorker, from, logStart int64
 // too), so that records written after the group began are never skipped,
 // even by a member that restarts before deciding any (once that first
 // write batch is in, one flush interval after the assignment).
-func (w *Worker) startEmpty(ctx context.Context, adm *kadm.Client, seen *groupOffsets, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
+func (w *Worker) startEmpty(ctx context.Context, adm offsetAdmin, seen *groupOffsets, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
 	topic, p := pw.topic, pw.partition
 	if !w.opts.StartAtLatest {
 		return o, nil
@@ -331,7 +364,7 @@ func (w *Worker) startEmpty(ctx context.Context, adm *kadm.Client, seen *groupOf
 // watermark, so a binary search over X finds it in about 40 lookups. When
 // a lookup fails the rebuild replays everything retained, which is correct,
 // only slower.
-func (w *Worker) windowStart(ctx context.Context, adm *kadm.Client, topic string, p int32, group int64) (int64, error) {
+func (w *Worker) windowStart(ctx context.Context, adm offsetAdmin, topic string, p int32, group int64) (int64, error) {
 	dopts := w.opts.Dedup.Options()
 	if !dopts.RebuildsFromWindow() {
 		return 0, nil

@@ -95,7 +95,9 @@ func newPlanFixture(t *testing.T, delivery Delivery, keys [][]byte, fp filter.Pa
 	if delivery == AtLeastOnce {
 		w.mode.opened(pw)
 	}
-	t.Cleanup(func() { pw.stopReplay(true) })
+	// Stops the replay, and at least once the partition's goroutine,
+	// unless the test released the partition itself.
+	t.Cleanup(func() { pw.stopReplay(true); w.stopPartitions(map[string][]int32{"in": {0}}, true) })
 	return planFixture{c: c, w: w, pw: pw, d: d, records: int64(len(keys))}
 }
 

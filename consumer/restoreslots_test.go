@@ -13,7 +13,6 @@ import (
 
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
-	"github.com/kdedup/kdedup/store"
 )
 
 // TestReplaysWaitForARestoreSlot: with Options.MaxRestores restores and
@@ -38,11 +37,7 @@ func TestReplaysWaitForARestoreSlot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	db, err := store.Open(store.Options{Dir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
+	db := diskStore(t)
 	opener, err := dedup.NewOpener(db, dedup.Options{HashSeed: filter.Seed{K0: 1, K1: 2}}, nil)
 	if err != nil {
 		t.Fatal(err)

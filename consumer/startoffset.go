@@ -31,7 +31,7 @@ type groupOffsets struct {
 // topicCommitted reports whether the group has a committed offset for some
 // partition of topic. When the offsets cannot be fetched it reports false,
 // so the partition starts at the reset offset as before.
-func (g *groupOffsets) topicCommitted(ctx context.Context, w *Worker, adm *kadm.Client, topic string) bool {
+func (g *groupOffsets) topicCommitted(ctx context.Context, w *Worker, adm offsetAdmin, topic string) bool {
 	if !g.fetched {
 		g.fetched = true
 		g.committed = map[string]bool{}

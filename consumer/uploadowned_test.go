@@ -11,7 +11,6 @@ import (
 
 	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/filter"
-	"github.com/kdedup/kdedup/snapshot"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -22,16 +21,8 @@ import (
 // snapshots; the revocation's own upload ("released") still goes ahead,
 // and an owned partition's interval upload too.
 func TestIntervalUploadSkipsRevokedPartition(t *testing.T) {
-	snaps, err := snapshot.Open(context.Background(), "file://"+t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { snaps.Close() })
-	db, err := store.Open(store.Options{Dir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
+	snaps := fileSnapshots(t)
+	db := diskStore(t)
 	opener, err := dedup.NewOpener(db, dedup.Options{HashSeed: filter.Seed{K0: 1, K1: 2}}, nil)
 	if err != nil {
 		t.Fatal(err)

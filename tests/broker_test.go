@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
 
 	"github.com/kdedup/kdedup/internal/kafkatest"
 )
@@ -47,6 +48,16 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.RemoveAll(dir)
+	// The workers, brokers, clients and servers the tests start must all
+	// be gone once the tests have stopped them (checked after a passing
+	// run only, as goleak.VerifyTestMain does, and after the cleanup
+	// above, which VerifyTestMain would skip).
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on a successful test run: %v\n", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
