@@ -56,9 +56,9 @@ func (m atLeastOnce) release(ctx context.Context, cl *kgo.Client, tps map[string
 // stop asks the partition's goroutine to end; it closes done.
 func (atLeastOnce) stop(pw *partitionWorker, abort bool) {
 	if abort {
-		close(pw.abort)
+		close(pw.queue.abort)
 	} else {
-		close(pw.quit)
+		close(pw.queue.quit)
 	}
 }
 
@@ -73,8 +73,8 @@ func (m atLeastOnce) closing(ctx context.Context) {
 // acknowledged and those the broker refused were retried (retryRejected);
 // a failed produce is the error.
 func (atLeastOnce) batchEnd(pw *partitionWorker) (store.Checkpoint, int64, error) {
-	pw.inflight.Wait()
-	if err := pw.prodErr.Load(); err != nil {
+	pw.produced.inflight.Wait()
+	if err := pw.produced.err.Load(); err != nil {
 		return store.Checkpoint{}, 0, *err
 	}
 	if err := pw.retryRejected(); err != nil {
@@ -156,8 +156,8 @@ func (w *Worker) dispatch(p kgo.FetchTopicPartition) {
 		return
 	}
 	select {
-	case pw.in <- p.Records:
-	case <-pw.done:
+	case pw.queue.in <- p.Records:
+	case <-pw.queue.done:
 	}
 }
 
@@ -170,8 +170,8 @@ func (w *Worker) dispatch(p kgo.FetchTopicPartition) {
 // commit). If a produce failed nothing is committed, and the next owner
 // decides those records again.
 func (pw *partitionWorker) settle() {
-	pw.inflight.Wait()
-	if err := pw.prodErr.Load(); err != nil {
+	pw.produced.inflight.Wait()
+	if err := pw.produced.err.Load(); err != nil {
 		pw.w.log.Warn("a lost partition's records were not all acknowledged; its next owner decides them again", "topic", pw.topic, "partition", pw.partition, "err", *err)
 		return
 	}
@@ -189,9 +189,9 @@ func (pw *partitionWorker) run() {
 	defer tick.Stop()
 	for {
 		select {
-		case recs := <-pw.in:
+		case recs := <-pw.queue.in:
 			select {
-			case <-pw.abort: // lost: decide nothing more, even with records queued
+			case <-pw.queue.abort: // lost: decide nothing more, even with records queued
 				pw.settle()
 				return
 			default:
@@ -200,10 +200,10 @@ func (pw *partitionWorker) run() {
 		case <-tick.C:
 			pw.flush()
 			pw.consolidateIdle()
-		case <-pw.abort:
+		case <-pw.queue.abort:
 			pw.settle()
 			return
-		case <-pw.quit:
+		case <-pw.queue.quit:
 			pw.drain()
 			pw.flush()
 			return
@@ -216,7 +216,7 @@ func (pw *partitionWorker) run() {
 func (pw *partitionWorker) drain() {
 	for {
 		select {
-		case recs := <-pw.in:
+		case recs := <-pw.queue.in:
 			pw.process(recs, pw.produce)
 		default:
 			return
@@ -235,13 +235,13 @@ type rejected struct {
 // batch (retryRejected), any other error stops the worker then.
 func (pw *partitionWorker) produceFailed(in, out *kgo.Record, err error) {
 	if recordReason(err) != "" && out.Topic != pw.w.opts.DeadLetterTopic {
-		pw.rejectedMu.Lock()
-		pw.rejected = append(pw.rejected, rejected{in, out, err})
-		pw.rejectedMu.Unlock()
+		pw.produced.mu.Lock()
+		pw.produced.mu.rejected = append(pw.produced.mu.rejected, rejected{in, out, err})
+		pw.produced.mu.Unlock()
 		return
 	}
 	err = pw.w.produceError(in, out, err)
-	pw.prodErr.CompareAndSwap(nil, &err)
+	pw.produced.err.CompareAndSwap(nil, &err)
 }
 
 // retryRejected produces again, one at a time, the records the broker
@@ -253,10 +253,10 @@ func (pw *partitionWorker) produceFailed(in, out *kgo.Record, err error) {
 // produced record was acknowledged; a record forwarded by a retry may land
 // after later records of the same output partition.
 func (pw *partitionWorker) retryRejected() error {
-	pw.rejectedMu.Lock()
-	rej := pw.rejected
-	pw.rejected = nil
-	pw.rejectedMu.Unlock()
+	pw.produced.mu.Lock()
+	rej := pw.produced.mu.rejected
+	pw.produced.mu.rejected = nil
+	pw.produced.mu.Unlock()
 	slices.SortStableFunc(rej, func(a, b rejected) int { return cmp.Compare(a.in.Offset, b.in.Offset) })
 	ctx := context.Background() // decided records must be delivered before the write batch, even at shutdown
 	for _, x := range rej {

@@ -123,24 +123,24 @@ func (w *Worker) setCompressor(cl *kgo.Client, raise bool) {
 // the topic's max.message.bytes. A large record thus travels alone in its
 // batch, and every other batch stays within the limit before compression,
 // where franz-go's own bound would have kept it. It runs on the transaction
-// loop's goroutine, which owns txnBatchBytes; the transaction begins with
+// loop's goroutine, which owns txn.batchBytes; the transaction begins with
 // the client's buffer empty (the previous one was flushed).
 func (w *Worker) boundBatches(produce func(in, out *kgo.Record)) func(in, out *kgo.Record) {
 	if !w.batchesRaised.Load() {
 		return produce
 	}
-	clear(w.txnBatchBytes)
+	clear(w.txn.batchBytes)
 	return func(in, out *kgo.Record) {
 		body := recordBatchBytes(out) - recordBatchOverhead + batchedRecordSlack
-		if n := w.txnBatchBytes[out.Topic]; n > 0 && recordBatchOverhead+n+body > w.maxRecordBytes(out.Topic) {
+		if n := w.txn.batchBytes[out.Topic]; n > 0 && recordBatchOverhead+n+body > w.maxRecordBytes(out.Topic) {
 			// A failed flush leaves the records buffered: the
 			// transaction's own flush then fails and stops the worker.
 			ctx, cancel := context.WithTimeout(context.Background(), max(30*time.Second, 2*w.opts.SessionTimeout))
 			_ = w.cl.Flush(ctx)
 			cancel()
-			clear(w.txnBatchBytes)
+			clear(w.txn.batchBytes)
 		}
-		w.txnBatchBytes[out.Topic] += body
+		w.txn.batchBytes[out.Topic] += body
 		produce(in, out)
 	}
 }
@@ -159,7 +159,7 @@ type largeProducer struct {
 // that the output keeps the input's order. A failure is handled as one of
 // the group client's (produceFailed).
 func (pw *partitionWorker) produceLarge(in, out *kgo.Record) {
-	pw.inflight.Wait()
+	pw.produced.inflight.Wait()
 	pw.w.log.Debug("record larger than its topic's max.message.bytes before compression fits after it; produced alone",
 		"topic", in.Topic, "partition", in.Partition, "offset", in.Offset, "target", out.Topic)
 	// Not the worker's context: a decided record must be delivered (or

@@ -84,7 +84,7 @@ func (exactlyOnce) produceCompressed(_ *partitionWorker, in, out *kgo.Record, pr
 }
 
 func (m exactlyOnce) skipped(tp store.TopicPartition) {
-	m.w.skippedInTxn = append(m.w.skippedInTxn, tp)
+	m.w.txn.skipped = append(m.w.txn.skipped, tp)
 }
 
 func (exactlyOnce) offsetsApart() bool { return false }
@@ -370,7 +370,7 @@ func (pw *partitionWorker) commitTxn() error {
 // write batch may ever hold. An error is the deduplicator's.
 func (pw *partitionWorker) abortTxn() error {
 	pw.next, pw.decided = pw.stableNext, pw.stableDecided
-	pw.nextOffset.Store(pw.next.Offset)
+	pw.gauges.nextOffset.Store(pw.next.Offset)
 	return pw.dedup.DiscardStaged()
 }
 
@@ -380,8 +380,8 @@ func (pw *partitionWorker) abortTxn() error {
 // committed transaction instead, so that the batch is met (and its dead
 // letter produced) again.
 func (w *Worker) endTxnSkips(committed bool) {
-	skipped := w.skippedInTxn
-	w.skippedInTxn = nil
+	skipped := w.txn.skipped
+	w.txn.skipped = nil
 	if committed {
 		return
 	}
@@ -443,7 +443,7 @@ const maxProduceAborts = 3
 func (pw *partitionWorker) sendTxn(in, out *kgo.Record, produce func(in, out *kgo.Record)) (handled, sent bool) {
 	w := pw.w
 	key := targetOf(in, out)
-	t := &w.rejections
+	t := &w.txn.rejections
 	t.mu.Lock()
 	rj, ok := t.known[key]
 	if ok && rj.alone >= refusalsAlone {
@@ -472,9 +472,9 @@ func (w *Worker) txnProduceFailed(in, out *kgo.Record, err error) {
 	if recordReason(err) == "" || out.Topic == w.opts.DeadLetterTopic {
 		return
 	}
-	w.rejections.mu.Lock()
-	w.rejections.refused = append(w.rejections.refused, rejected{in, out, err})
-	w.rejections.mu.Unlock()
+	w.txn.rejections.mu.Lock()
+	w.txn.rejections.refused = append(w.txn.rejections.refused, rejected{in, out, err})
+	w.txn.rejections.mu.Unlock()
 }
 
 // endTxnRejections learns from the transaction that just ended which
@@ -482,7 +482,7 @@ func (w *Worker) txnProduceFailed(in, out *kgo.Record, err error) {
 // any: a culprit without a dead-letter topic, a topic error, or too many
 // aborts in a row caused by other produce errors (prodErr is the first).
 func (w *Worker) endTxnRejections(committed bool, prodErr error) error {
-	t := &w.rejections
+	t := &w.txn.rejections
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	refused, isolated := t.refused, t.isolated

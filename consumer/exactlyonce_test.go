@@ -71,7 +71,7 @@ func TestTxnEndRandomized(t *testing.T) {
 			// What process records of a decided record.
 			pw.next = store.Checkpoint{Offset: offset + 1, LeaderEpoch: r.LeaderEpoch}
 			pw.decided++
-			pw.nextOffset.Store(pw.next.Offset)
+			pw.gauges.nextOffset.Store(pw.next.Offset)
 			offset++
 		}
 		commit := rng.IntN(3) > 0
@@ -94,7 +94,7 @@ func TestTxnEndRandomized(t *testing.T) {
 			t.Fatalf("transaction %d, commit %t: next %+v stable %+v, decided %d stable %d; want %+v and %d",
 				txn, commit, pw.next, pw.stableNext, pw.decided, pw.stableDecided, want, stableDecided)
 		}
-		if got := pw.nextOffset.Load(); got != stableOffset {
+		if got := pw.gauges.nextOffset.Load(); got != stableOffset {
 			t.Fatalf("transaction %d, commit %t: lag metric's next offset %d, want %d", txn, commit, got, stableOffset)
 		}
 		if d.StagedBytes() != 0 {
@@ -134,8 +134,8 @@ func TestProduceAbortsBounded(t *testing.T) {
 	run := func(t *testing.T, ends []end) {
 		t.Helper()
 		w := &Worker{opts: Options{Delivery: ExactlyOnce}}
-		w.rejections.known = map[recordTarget]rejection{}
-		w.rejections.isolated = map[recordTarget]bool{}
+		w.txn.rejections.known = map[recordTarget]rejection{}
+		w.txn.rejections.isolated = map[recordTarget]bool{}
 		cause := errors.New("POLICY_VIOLATION")
 		model := 0
 		for i, e := range ends {

@@ -87,7 +87,7 @@ func (d *delivery) worker() *Worker {
 
 // produce produces out, decided from input record in, at least once.
 func (pw *partitionWorker) produce(in, out *kgo.Record) {
-	pw.inflight.Add(1)
+	pw.produced.inflight.Add(1)
 	d := newDelivery(in, out)
 	d.pw = pw
 	// Not the worker's context: records already decided must be delivered
@@ -102,7 +102,7 @@ func (pw *partitionWorker) delivered(in, out *kgo.Record, err error) {
 		pw.w.m.produceErrors.Inc()
 		pw.produceFailed(in, out, err)
 	}
-	pw.inflight.Done()
+	pw.produced.inflight.Done()
 }
 
 // txnProduce is what the records produced in one transaction report to:

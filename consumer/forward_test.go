@@ -93,7 +93,7 @@ func TestForwardedRecordHeldUntilItsPromise(t *testing.T) {
 		}
 	}
 	settled := make(chan struct{})
-	go func() { pw.inflight.Wait(); close(settled) }()
+	go func() { pw.produced.inflight.Wait(); close(settled) }()
 	select {
 	case <-settled:
 	case <-time.After(10 * time.Second):
@@ -134,7 +134,7 @@ func TestForwardAllocatesNothing(t *testing.T) {
 			}
 		})
 	}
-	pw.inflight.Wait() // every at-least-once record acknowledged
+	pw.produced.inflight.Wait() // every at-least-once record acknowledged
 }
 
 // TestForwardedRecordsReusedOnlyOnceProduced forwards records through
@@ -172,10 +172,10 @@ func TestForwardedRecordsReusedOnlyOnceProduced(t *testing.T) {
 			}
 			var kept []rejected
 			if mode == ExactlyOnce {
-				kept = r.w.rejections.refused
+				kept = r.w.txn.rejections.refused
 			} else {
-				pw.inflight.Wait()
-				kept = pw.rejected
+				pw.produced.inflight.Wait()
+				kept = pw.produced.mu.rejected
 			}
 			var got []string
 			for _, x := range kept {

@@ -94,12 +94,12 @@ func testStopDuringImport(t *testing.T, during bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.connected = make(chan struct{})
+	w.mu.connected = make(chan struct{})
 	w.publish(nil, cl)
 	stop := func(pw *partitionWorker) {
-		pw.replayMu.Lock()
-		cancel := pw.cancelRestore
-		pw.replayMu.Unlock()
+		pw.restoreCtl.mu.Lock()
+		cancel := pw.restoreCtl.cancel
+		pw.restoreCtl.mu.Unlock()
 		cancel() // as stopReplay does, without waiting: this runs on the restore goroutine
 	}
 	if during {
@@ -111,9 +111,9 @@ func testStopDuringImport(t *testing.T, during bool) {
 	if _, err := w.adjustOffsets(context.Background(), map[string]map[int32]kgo.Offset{"in": {0: kgo.NewOffset().At(300_000)}}); err != nil {
 		t.Fatal(err)
 	}
-	pw.replayMu.Lock()
-	done := pw.restoreDone
-	pw.replayMu.Unlock()
+	pw.restoreCtl.mu.Lock()
+	done := pw.restoreCtl.done
+	pw.restoreCtl.mu.Unlock()
 	select { // the hook stops it
 	case <-done:
 	case <-time.After(30 * time.Second):

@@ -154,10 +154,10 @@ type partitionGauges struct {
 func (w *Worker) assignedGauges() []partitionGauges {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	out := make([]partitionGauges, 0, len(w.parts))
-	for tp, pw := range w.parts {
-		out = append(out, partitionGauges{tp: tp, replayLeft: pw.replayLeft.Load(), highWatermark: pw.highWatermark.Load(), next: pw.nextOffset.Load(),
-			committed: pw.committed.Load(), snapOffset: pw.snapOffset.Load(), snapAt: pw.snapAt.Load()})
+	out := make([]partitionGauges, 0, len(w.mu.parts))
+	for tp, pw := range w.mu.parts {
+		out = append(out, partitionGauges{tp: tp, replayLeft: pw.gauges.replayLeft.Load(), highWatermark: pw.gauges.highWatermark.Load(), next: pw.gauges.nextOffset.Load(),
+			committed: pw.snap.committed.Load(), snapOffset: pw.snap.offset.Load(), snapAt: pw.snap.at.Load()})
 	}
 	return out
 }

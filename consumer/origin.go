@@ -254,6 +254,6 @@ func (w *Worker) moveAside(ctx context.Context, pw *partitionWorker, dir string)
 // state was just cleared), as newPartition leaves one.
 func (pw *partitionWorker) forgetCheckpoint() {
 	pw.next, pw.stableNext, pw.flushed = store.Checkpoint{}, store.Checkpoint{}, store.Checkpoint{}
-	pw.nextOffset.Store(-1)
-	pw.committed.Store(-1)
+	pw.gauges.nextOffset.Store(-1)
+	pw.snap.committed.Store(-1)
 }

@@ -127,7 +127,7 @@ func TestPlanChecksOrigin(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w.connected = make(chan struct{})
+			w.mu.connected = make(chan struct{})
 			w.publish(nil, cl)
 			pw := assignForPlan(w, cl, "in", 0, d)
 			t.Cleanup(func() { pw.stopReplay(true) })

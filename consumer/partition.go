@@ -52,19 +52,25 @@ type partitionWorker struct {
 
 	// At least once, the partition's goroutine: its queue and how it is
 	// told to end (mode.stop); done is closed once it has ended.
-	in    chan []*kgo.Record
-	quit  chan struct{} // finish queued records, commit, exit
-	abort chan struct{} // drop uncommitted state, exit
-	done  chan struct{}
+	queue struct {
+		in    chan []*kgo.Record
+		quit  chan struct{} // finish queued records, commit, exit
+		abort chan struct{} // drop uncommitted state, exit
+		done  chan struct{}
+	}
 
 	// At least once, shared with produce callbacks: forwarded records not
-	// yet acknowledged, the first produce error, and the records the
-	// broker refused, to retry alone at the next write batch
+	// yet acknowledged, the first produce error, and, under mu, the
+	// records the broker refused, to retry alone at the next write batch
 	// (retryRejected).
-	inflight   sync.WaitGroup
-	prodErr    atomic.Pointer[error]
-	rejectedMu sync.Mutex
-	rejected   []rejected
+	produced struct {
+		inflight sync.WaitGroup
+		err      atomic.Pointer[error]
+		mu       struct {
+			sync.Mutex
+			rejected []rejected
+		}
+	}
 
 	// Any goroutine: the partition failed (fail); nothing more is decided
 	// or committed.
@@ -73,52 +79,59 @@ type partitionWorker struct {
 	// The plan's (adjustOffsets, on the group client's goroutine): where
 	// it started the partition (hasStart: it has), and whether the
 	// partition is still counted in Worker.unplanned (settlePlan).
-	start        kgo.Offset
-	hasStart     bool
-	awaitingPlan atomic.Bool
+	plan struct {
+		start    kgo.Offset
+		hasStart bool
+		awaiting atomic.Bool
+	}
 
-	// Replay (restore.go): records [replay.from, replay.until) were
-	// forwarded by an earlier owner; a restore client replays them into the
-	// filter before the group client resumes the partition at until.
-	// startReplay runs on the client's goroutine (adjustOffsets); stop
-	// cancels the replay and waits for restoreDone.
-	replayMu      sync.Mutex
-	replay        replayState
-	restoreAbort  atomic.Bool // stop(abort): the replay commits nothing more
-	cancelRestore context.CancelFunc
-	restoreDone   chan struct{}
+	// The restore goroutine's (restore.go): under mu, the replay of
+	// records [replay.from, replay.until), forwarded by an earlier owner,
+	// that a restore client replays into the filter before the group
+	// client resumes the partition at until. startReplay runs on the
+	// client's goroutine (adjustOffsets); stop cancels the replay and
+	// waits for done; abort (stop(abort)): the replay commits nothing
+	// more.
+	restoreCtl struct {
+		mu struct {
+			sync.Mutex
+			replay replayState
+		}
+		abort  atomic.Bool
+		cancel context.CancelFunc
+		done   chan struct{}
+	}
 
 	// Snapshots (snapshot.go): the restore the plan chose (set before the
 	// restore goroutine starts, read by it only); the checkpoint offset of
-	// the last write batch (-1: none), and the offset and time of the
-	// last snapshot uploaded or restored (-1: none since the assignment),
-	// read by the snapshotter.
-	snapPlan   *snapshotPlan
-	committed  atomic.Int64
-	snapOffset atomic.Int64
-	snapAt     atomic.Int64 // Unix nanoseconds
+	// the last write batch (-1: none), and the offset and time (Unix
+	// nanoseconds) of the last snapshot uploaded or restored (-1: none
+	// since the assignment), read by the snapshotter.
+	snap struct {
+		plan      *snapshotPlan
+		committed atomic.Int64
+		offset    atomic.Int64
+		at        atomic.Int64
+	}
 
 	// For the lag and replay metrics, read at scrape time: the high
 	// watermark of the latest fetch and the next offset to decide (-1:
 	// unknown), and the offsets left to replay.
-	highWatermark, nextOffset, replayLeft atomic.Int64
+	gauges struct {
+		highWatermark, nextOffset, replayLeft atomic.Int64
+	}
 }
 
 func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Deduplicator) *partitionWorker {
-	pw := &partitionWorker{
-		w: w, cl: cl, prod: cl, topic: topic, partition: p, dedup: d,
-		in:        make(chan []*kgo.Record, 4),
-		quit:      make(chan struct{}),
-		abort:     make(chan struct{}),
-		done:      make(chan struct{}),
-		lastFlush: time.Now(),
-	}
+	pw := &partitionWorker{w: w, cl: cl, prod: cl, topic: topic, partition: p, dedup: d, lastFlush: time.Now()}
+	pw.queue.in = make(chan []*kgo.Record, 4)
+	pw.queue.quit, pw.queue.abort, pw.queue.done = make(chan struct{}), make(chan struct{}), make(chan struct{})
 	pw.lastActive = pw.lastFlush
-	pw.highWatermark.Store(-1)
-	pw.nextOffset.Store(-1)
-	pw.committed.Store(-1)
-	pw.snapOffset.Store(-1)
-	pw.snapAt.Store(pw.lastFlush.UnixNano()) // the first snapshot an interval after the assignment
+	pw.gauges.highWatermark.Store(-1)
+	pw.gauges.nextOffset.Store(-1)
+	pw.snap.committed.Store(-1)
+	pw.snap.offset.Store(-1)
+	pw.snap.at.Store(pw.lastFlush.UnixNano()) // the first snapshot an interval after the assignment
 	if cp, ok := d.Checkpoint(); ok {
 		pw.setCheckpoint(cp)
 	}
@@ -130,8 +143,8 @@ func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Ded
 func (pw *partitionWorker) setCheckpoint(cp store.Checkpoint) {
 	pw.next, pw.stableNext, pw.flushed = cp, cp, cp
 	pw.stableDecided, pw.flushedDecided = pw.decided, pw.decided
-	pw.nextOffset.Store(cp.Offset)
-	pw.committed.Store(cp.Offset)
+	pw.gauges.nextOffset.Store(cp.Offset)
+	pw.snap.committed.Store(cp.Offset)
 }
 
 // groupBehind records that the group's committed offset, group, is behind
@@ -146,7 +159,7 @@ func (pw *partitionWorker) groupBehind(group int64) {
 // settlePlan takes the partition out of Worker.unplanned, once: its start
 // is planned, or it was released before.
 func (pw *partitionWorker) settlePlan() {
-	if pw.awaitingPlan.CompareAndSwap(true, false) {
+	if pw.plan.awaiting.CompareAndSwap(true, false) {
 		pw.w.unplanned.Add(-1)
 	}
 }
@@ -162,7 +175,7 @@ func (pw *partitionWorker) settlePlan() {
 func (pw *partitionWorker) startAt(cp store.Checkpoint) {
 	pw.next, pw.stableNext = cp, cp
 	pw.flushed = store.Checkpoint{Offset: -1, LeaderEpoch: -1}
-	pw.nextOffset.Store(cp.Offset)
+	pw.gauges.nextOffset.Store(cp.Offset)
 	pw.commitStart = true
 }
 
@@ -221,7 +234,7 @@ func (pw *partitionWorker) stop(abort bool) {
 
 func (pw *partitionWorker) close() {
 	pw.dedup.Close()
-	close(pw.done)
+	close(pw.queue.done)
 }
 
 // process decides recs in order, handing produce the output record of each
@@ -275,7 +288,7 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 			}
 		}
 	}
-	pw.nextOffset.Store(pw.next.Offset)
+	pw.gauges.nextOffset.Store(pw.next.Offset)
 }
 
 // output is the record forwarded for r: key, value, headers and timestamp
@@ -372,7 +385,7 @@ func (pw *partitionWorker) commitBatch(cp store.Checkpoint, decided int64) error
 	pw.w.m.batchRecords.Observe(float64(decided - pw.flushedDecided))
 	pw.w.m.batchBytes.Observe(float64(dirty))
 	pw.flushed, pw.flushedDecided = cp, decided
-	pw.committed.Store(cp.Offset)
+	pw.snap.committed.Store(cp.Offset)
 	return nil
 }
 

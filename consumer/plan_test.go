@@ -560,7 +560,7 @@ func TestPlanAgainstModel(t *testing.T) {
 					t.Errorf("replay %s, want %s", replayString(replay), replayString(want.replay))
 				}
 			}
-			if got := pw.snapPlan; (got == nil) != (want.snap == nil) || got != nil && *got != *want.snap {
+			if got := pw.snap.plan; (got == nil) != (want.snap == nil) || got != nil && *got != *want.snap {
 				t.Errorf("snapshot plan %+v, want %+v", got, want.snap)
 			}
 			if pw.next != want.next || pw.flushed != want.flushed || pw.commitStart != want.commitStart {
@@ -728,9 +728,9 @@ func TestPlanStartsReplay(t *testing.T) {
 			if got := slices.Contains(paused["in"], 0); got != tc.replay {
 				t.Errorf("paused in the group client: %t, want %t (%v)", got, tc.replay, paused)
 			}
-			f.pw.replayMu.Lock()
-			replay, done := f.pw.replay, f.pw.restoreDone
-			f.pw.replayMu.Unlock()
+			f.pw.restoreCtl.mu.Lock()
+			replay, done := f.pw.restoreCtl.mu.replay, f.pw.restoreCtl.done
+			f.pw.restoreCtl.mu.Unlock()
 			if running := done != nil; running != tc.replay {
 				t.Fatalf("replay started: %t, want %t", running, tc.replay)
 			}

@@ -106,7 +106,7 @@ func testPlanCancelled(t *testing.T, delivery Delivery, rebuildEmpty bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.connected = make(chan struct{})
+	w.mu.connected = make(chan struct{})
 	w.publish(nil, cl)
 	d, err := opener.Open("in", 0)
 	if err != nil {
@@ -127,10 +127,10 @@ func testPlanCancelled(t *testing.T, delivery Delivery, rebuildEmpty bool) {
 		return nil, nil, false
 	})
 	if _, err := w.adjustOffsets(cancelled, offsets()); err == nil {
-		t.Fatalf("a plan whose context was cancelled returned no error; its partition starts at %v", pw.start)
+		t.Fatalf("a plan whose context was cancelled returned no error; its partition starts at %v", pw.plan.start)
 	}
-	if pw.hasStart || pw.owner() == ownerRestore {
-		t.Fatalf("a cancelled plan recorded a start (%t) or began a restore (owner %d)", pw.hasStart, pw.owner())
+	if pw.plan.hasStart || pw.owner() == ownerRestore {
+		t.Fatalf("a cancelled plan recorded a start (%t) or began a restore (owner %d)", pw.plan.hasStart, pw.owner())
 	}
 
 	if _, err := w.adjustOffsets(context.Background(), offsets()); err != nil {

@@ -14,7 +14,7 @@ import (
 
 func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	w.mu.Lock()
-	closing := w.closing || w.plansStopped
+	closing := w.mu.closing || w.mu.plansStopped
 	w.mu.Unlock()
 	if closing {
 		return
@@ -30,10 +30,10 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 				continue
 			}
 			pw := newPartition(w, cl, topic, p, d)
-			pw.awaitingPlan.Store(true)
+			pw.plan.awaiting.Store(true)
 			w.unplanned.Add(1)
 			w.mu.Lock()
-			w.parts[store.TopicPartition{Topic: topic, Partition: p}] = pw
+			w.mu.parts[store.TopicPartition{Topic: topic, Partition: p}] = pw
 			w.mu.Unlock()
 			w.mode.opened(pw)
 			w.m.assigned.Inc()
@@ -92,12 +92,12 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 			if pw == nil {
 				continue
 			}
-			if pw.hasStart {
+			if pw.plan.hasStart {
 				// franz-go asks again when a rebalance interrupted its
 				// offset fetch after this partition was planned: its
 				// replay (if any) runs already, and planning twice would
 				// start a second one.
-				ps[p] = pw.start
+				ps[p] = pw.plan.start
 				continue
 			}
 			start, err := w.plan(ctx, cl, adm, &starts, &seen, &info, pw, o)
@@ -110,7 +110,7 @@ func (w *Worker) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 			}
 			pw.owned.Or(ownedPlanned)
 			pw.settlePlan() // after a replay began: readiness never sees a gap
-			pw.start, pw.hasStart = start, true
+			pw.plan.start, pw.plan.hasStart = start, true
 			ps[p] = start
 		}
 	}
@@ -223,7 +223,7 @@ func (w *Worker) planStart(ctx context.Context, adm offsetAdmin, starts *kadm.Li
 		// the plan would do without them (restoreSnapshot): the store is
 		// not asked here, inside the group's callback, where a slow
 		// listing held every partition and a rebalance cancelled it.
-		pw.snapPlan = &snapshotPlan{hasLocal: ok, rebuildEmpty: !ok && w.opts.RebuildEmpty, origin: cur}
+		pw.snap.plan = &snapshotPlan{hasLocal: ok, rebuildEmpty: !ok && w.opts.RebuildEmpty, origin: cur}
 		from = 0
 		if ok {
 			from = cp.Offset
@@ -240,22 +240,22 @@ func (w *Worker) planStart(ctx context.Context, adm offsetAdmin, starts *kadm.Li
 			return o, nil, err
 		}
 	}
-	if pw.snapPlan == nil && from < group {
+	if pw.snap.plan == nil && from < group {
 		w.countRestore("replay")
 	}
 	if lsErr != nil {
-		pw.snapPlan = nil
+		pw.snap.plan = nil
 		return o, nil, lsErr // the replay's start is unknown
 	}
 	partial := false
-	if pw.snapPlan == nil && logStart > from {
+	if pw.snap.plan == nil && logStart > from {
 		partial = true
 		w.m.partialRebuilds.Inc()
 		w.log.Warn("replay is partial: the input before the earliest retained offset is gone, so keys first seen there are not in the filter and deletes there are not applied",
 			"topic", topic, "partition", p, "lost_from", from, "lost_to", min(logStart, group))
 		from = logStart
 	}
-	if from < group || pw.snapPlan != nil {
+	if from < group || pw.snap.plan != nil {
 		// The group client starts at the group's offset (o, unchanged)
 		// and is paused there (plan).
 		r := &replayPlan{from: from, until: group, partial: partial}
@@ -452,8 +452,8 @@ func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) []*partition
 	for topic, ps := range tps {
 		for _, p := range ps {
 			tp := store.TopicPartition{Topic: topic, Partition: p}
-			if pw := w.parts[tp]; pw != nil {
-				delete(w.parts, tp)
+			if pw := w.mu.parts[tp]; pw != nil {
+				delete(w.mu.parts, tp)
 				stopping = append(stopping, pw)
 			}
 		}
@@ -470,7 +470,7 @@ func (w *Worker) stopPartitions(tps map[string][]int32, abort bool) []*partition
 		pw.stop(abort)
 	}
 	for _, pw := range stopping {
-		<-pw.done
+		<-pw.queue.done
 		w.m.assigned.Dec()
 		w.log.Info("partition released", "topic", pw.topic, "partition", pw.partition, "lost", abort)
 	}

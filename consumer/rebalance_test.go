@@ -59,7 +59,7 @@ func TestAdjustOffsetsTwicePlansOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	w.connected = make(chan struct{})
+	w.mu.connected = make(chan struct{})
 	w.publish(nil, cl)
 
 	d, err := opener.Open("in", 0)
@@ -89,7 +89,7 @@ func TestAdjustOffsetsTwicePlansOnce(t *testing.T) {
 	}
 	if !w.Ready() {
 		t.Errorf("not ready 20s after two plans of one replay of 10 records: restoring %d, partition owner %d, replay left %d",
-			w.restoring.Load(), pw.owner(), pw.replayLeft.Load())
+			w.restoring.Load(), pw.owner(), pw.gauges.replayLeft.Load())
 	}
 }
 
@@ -97,8 +97,8 @@ func TestAdjustOffsetsTwicePlansOnce(t *testing.T) {
 // plan, as Worker.assigned does, and returns it.
 func assignForPlan(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Deduplicator) *partitionWorker {
 	pw := newPartition(w, cl, topic, p, d)
-	pw.awaitingPlan.Store(true)
+	pw.plan.awaiting.Store(true)
 	w.unplanned.Add(1)
-	w.parts[store.TopicPartition{Topic: topic, Partition: p}] = pw
+	w.mu.parts[store.TopicPartition{Topic: topic, Partition: p}] = pw
 	return pw
 }

@@ -85,7 +85,7 @@ func newPlanFixture(t *testing.T, delivery Delivery, keys [][]byte, fp filter.Pa
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.connected = make(chan struct{})
+	w.mu.connected = make(chan struct{})
 	w.publish(nil, cl)
 	d, err := opener.Open("in", 0)
 	if err != nil {
@@ -161,11 +161,11 @@ func testReleaseWaitsForPlan(t *testing.T, delivery Delivery) {
 	}
 	close(gate)
 	if planErr == nil {
-		t.Errorf("a plan cancelled by release returned no error; its partition would start at %v", pw.start)
+		t.Errorf("a plan cancelled by release returned no error; its partition would start at %v", pw.plan.start)
 	}
-	pw.replayMu.Lock()
-	replaying := pw.restoreDone != nil
-	pw.replayMu.Unlock()
+	pw.restoreCtl.mu.Lock()
+	replaying := pw.restoreCtl.done != nil
+	pw.restoreCtl.mu.Unlock()
 	if replaying || pw.owner() == ownerRestore {
 		t.Errorf("a replay started on the released partition")
 	}
@@ -183,5 +183,5 @@ func testReleaseWaitsForPlan(t *testing.T, delivery Delivery) {
 func (w *Worker) fatalErrOf() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.fatalErr
+	return w.mu.fatalErr
 }

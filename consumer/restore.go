@@ -75,10 +75,10 @@ func ReplayMemoryBytes(maxDecompressBytes int64) int64 {
 // until to it deleted before anyone decided them, and counted them); the
 // restore goroutine moves it there, since it owns the partition until then.
 func (pw *partitionWorker) startReplay(cl *kgo.Client, from, until int64, partial bool, resume *store.Checkpoint) {
-	pw.replayMu.Lock()
-	pw.replay = replayState{from: from, until: until, start: time.Now(), logged: time.Now()}
-	pw.replayMu.Unlock()
-	pw.replayLeft.Store(max(0, until-from))
+	pw.restoreCtl.mu.Lock()
+	pw.restoreCtl.mu.replay = replayState{from: from, until: until, start: time.Now(), logged: time.Now()}
+	pw.restoreCtl.mu.Unlock()
+	pw.gauges.replayLeft.Store(max(0, until-from))
 	pw.owned.Or(ownedReplaying)
 	pw.w.restoring.Add(1)
 	pw.w.m.restoring.Inc()
@@ -86,9 +86,9 @@ func (pw *partitionWorker) startReplay(cl *kgo.Client, from, until int64, partia
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	pw.replayMu.Lock()
-	pw.cancelRestore, pw.restoreDone = cancel, done
-	pw.replayMu.Unlock()
+	pw.restoreCtl.mu.Lock()
+	pw.restoreCtl.cancel, pw.restoreCtl.done = cancel, done
+	pw.restoreCtl.mu.Unlock()
 	go pw.restore(ctx, cancel, done, cl, from, until, partial, resume)
 }
 
@@ -109,13 +109,13 @@ func (pw *partitionWorker) takeRestoreSlot(ctx context.Context) (release func(),
 // cancelReplay tells a running replay to stop, as stopReplay does, without
 // waiting for it.
 func (pw *partitionWorker) cancelReplay(abort bool) {
-	pw.replayMu.Lock()
-	cancel, done := pw.cancelRestore, pw.restoreDone
-	pw.replayMu.Unlock()
+	pw.restoreCtl.mu.Lock()
+	cancel, done := pw.restoreCtl.cancel, pw.restoreCtl.done
+	pw.restoreCtl.mu.Unlock()
 	if done == nil {
 		return
 	}
-	pw.restoreAbort.Store(abort)
+	pw.restoreCtl.abort.Store(abort)
 	cancel()
 }
 
@@ -124,13 +124,13 @@ func (pw *partitionWorker) cancelReplay(abort bool) {
 // as a write batch, so that the next owner of this directory goes on from
 // there.
 func (pw *partitionWorker) stopReplay(abort bool) {
-	pw.replayMu.Lock()
-	cancel, done := pw.cancelRestore, pw.restoreDone
-	pw.replayMu.Unlock()
+	pw.restoreCtl.mu.Lock()
+	cancel, done := pw.restoreCtl.cancel, pw.restoreCtl.done
+	pw.restoreCtl.mu.Unlock()
 	if done == nil {
 		return
 	}
-	pw.restoreAbort.Store(abort)
+	pw.restoreCtl.abort.Store(abort)
 	cancel()
 	<-done
 }
@@ -141,8 +141,8 @@ func (pw *partitionWorker) stopReplay(abort bool) {
 func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFunc, done chan struct{}, group *kgo.Client, from, until int64, partial bool, resume *store.Checkpoint) {
 	defer close(done)
 	defer cancel()
-	if plan := pw.snapPlan; plan != nil {
-		pw.snapPlan = nil
+	if plan := pw.snap.plan; plan != nil {
+		pw.snap.plan = nil
 		var stopped bool
 		var err error
 		if from, partial, stopped, err = pw.restoreSnapshot(ctx, group, plan, until, partial); err != nil || stopped {
@@ -154,10 +154,10 @@ func (pw *partitionWorker) restore(ctx context.Context, cancel context.CancelFun
 			}
 			return
 		}
-		pw.replayMu.Lock()
-		pw.replay.from = from
-		pw.replayMu.Unlock()
-		pw.replayLeft.Store(max(0, until-from))
+		pw.restoreCtl.mu.Lock()
+		pw.restoreCtl.mu.replay.from = from
+		pw.restoreCtl.mu.Unlock()
+		pw.gauges.replayLeft.Store(max(0, until-from))
 	}
 	var (
 		replayed int64
@@ -234,7 +234,7 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64, p
 		fetches := cl.PollRecords(pctx, pollRecords)
 		cancel()
 		if ctx.Err() != nil {
-			if pw.restoreAbort.Load() {
+			if pw.restoreCtl.abort.Load() {
 				return replayed, true, nil
 			}
 			return replayed, true, pw.commitReplay(cp)
@@ -418,17 +418,17 @@ func (pw *partitionWorker) listedOffset(ctx context.Context, list func(context.C
 // endReplay ends the replay's accounting; completed replays are timed and
 // logged with the records they replayed.
 func (pw *partitionWorker) endReplay(completed bool, replayed int64) {
-	pw.replayMu.Lock()
-	r := pw.replay
-	pw.replay.start = time.Time{}
-	pw.replayMu.Unlock()
+	pw.restoreCtl.mu.Lock()
+	r := pw.restoreCtl.mu.replay
+	pw.restoreCtl.mu.replay.start = time.Time{}
+	pw.restoreCtl.mu.Unlock()
 	if r.start.IsZero() {
 		return
 	}
 	pw.owned.And(^uint32(ownedReplaying))
 	pw.w.restoring.Add(-1)
 	pw.w.m.restoring.Dec()
-	pw.replayLeft.Store(0)
+	pw.gauges.replayLeft.Store(0)
 	if completed {
 		d := time.Since(r.start)
 		pw.w.m.replaySeconds.Observe(d.Seconds())
@@ -439,14 +439,14 @@ func (pw *partitionWorker) endReplay(completed bool, replayed int64) {
 // replayProgress accounts for a replay that has reached next, logging its
 // progress every 5 seconds.
 func (pw *partitionWorker) replayProgress(next, until int64) {
-	pw.replayLeft.Store(max(0, until-next))
-	pw.replayMu.Lock()
-	r := pw.replay
+	pw.gauges.replayLeft.Store(max(0, until-next))
+	pw.restoreCtl.mu.Lock()
+	r := pw.restoreCtl.mu.replay
 	logNow := time.Since(r.logged) >= 5*time.Second
 	if logNow {
-		pw.replay.logged = time.Now()
+		pw.restoreCtl.mu.replay.logged = time.Now()
 	}
-	pw.replayMu.Unlock()
+	pw.restoreCtl.mu.Unlock()
 	if logNow {
 		pw.w.log.Info("replaying", "topic", pw.topic, "partition", pw.partition, "offset", next, "until", until,
 			"done", fmt.Sprintf("%.1f%%", 100*float64(next-r.from)/float64(max(1, r.until-r.from))))

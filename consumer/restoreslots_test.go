@@ -47,7 +47,7 @@ func TestReplaysWaitForARestoreSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.connected = make(chan struct{})
+	w.mu.connected = make(chan struct{})
 	w.publish(nil, cl)
 	d, err := opener.Open("in", 0)
 	if err != nil {
@@ -66,9 +66,9 @@ func TestReplaysWaitForARestoreSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)
-	if _, ok := d.Checkpoint(); ok || pw.owner() != ownerRestore || w.Ready() || pw.replayLeft.Load() != records {
+	if _, ok := d.Checkpoint(); ok || pw.owner() != ownerRestore || w.Ready() || pw.gauges.replayLeft.Load() != records {
 		cp, _ := d.Checkpoint()
-		t.Fatalf("with every restore slot taken, the partition replayed (checkpoint %v %t, owner %d, ready %t, %d left)", cp, ok, pw.owner(), w.Ready(), pw.replayLeft.Load())
+		t.Fatalf("with every restore slot taken, the partition replayed (checkpoint %v %t, owner %d, ready %t, %d left)", cp, ok, pw.owner(), w.Ready(), pw.gauges.replayLeft.Load())
 	}
 	<-w.restoreSlots // one ends
 	deadline := time.Now().Add(20 * time.Second)

@@ -163,8 +163,8 @@ func (s *snapshotter) due(pw *partitionWorker, interval time.Duration) bool {
 	if pw.failed.Load() || pw.owner() != ownerLoop || time.Now().UnixNano() < s.uploadDownUntil.Load() {
 		return false
 	}
-	off := pw.committed.Load()
-	return off >= 0 && off != pw.snapOffset.Load() && time.Since(time.Unix(0, pw.snapAt.Load())) >= interval
+	off := pw.snap.committed.Load()
+	return off >= 0 && off != pw.snap.offset.Load() && time.Since(time.Unix(0, pw.snap.at.Load())) >= interval
 }
 
 // upload snapshots pw's committed state, then deletes the partition's
@@ -178,7 +178,7 @@ func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why strin
 	case <-ctx.Done():
 		return
 	}
-	if pw.committed.Load() == pw.snapOffset.Load() {
+	if pw.snap.committed.Load() == pw.snap.offset.Load() {
 		return // uploaded meanwhile
 	}
 	if why == "interval" && s.w.partition(pw.topic, pw.partition) != pw {
@@ -201,12 +201,12 @@ func (s *snapshotter) upload(ctx context.Context, pw *partitionWorker, why strin
 			s.m.uploads.WithLabelValues("error").Inc()
 			s.w.log.Warn("snapshot upload failed; the next one is tried in a snapshot interval", "topic", pw.topic, "partition", pw.partition, "reason", why, "err", err)
 		}
-		pw.snapAt.Store(time.Now().UnixNano())
+		pw.snap.at.Store(time.Now().UnixNano())
 		return
 	}
 	d := time.Since(start)
-	pw.snapOffset.Store(m.Offset)
-	pw.snapAt.Store(start.UnixNano())
+	pw.snap.offset.Store(m.Offset)
+	pw.snap.at.Store(start.UnixNano())
 	s.m.uploads.WithLabelValues("ok").Inc()
 	s.m.uploadBytes.Add(float64(m.Bytes))
 	s.m.uploadSeconds.Observe(d.Seconds())
@@ -523,8 +523,8 @@ func (pw *partitionWorker) restoreOnce(ctx context.Context, group *kgo.Client, p
 		// snapshot's, and the partition stands at its checkpoint.
 		d := time.Since(start)
 		pw.setCheckpoint(m.Checkpoint())
-		pw.snapOffset.Store(m.Offset)
-		pw.snapAt.Store(time.Now().UnixNano())
+		pw.snap.offset.Store(m.Offset)
+		pw.snap.at.Store(time.Now().UnixNano())
 		s.m.restores.WithLabelValues("snapshot").Inc()
 		s.m.restoreSeconds.Observe(d.Seconds())
 		w.log.Info("restored from a snapshot; replaying the input after it", "topic", pw.topic, "partition", pw.partition,

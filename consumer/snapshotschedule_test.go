@@ -66,7 +66,7 @@ func (r snapshotRig) partition(t *testing.T, p int32, committed int64, assigned 
 	pw.owned.Or(ownedPlanned)
 	if assigned {
 		r.w.mu.Lock()
-		r.w.parts[store.TopicPartition{Topic: "in", Partition: p}] = pw
+		r.w.mu.parts[store.TopicPartition{Topic: "in", Partition: p}] = pw
 		r.w.mu.Unlock()
 	}
 	return pw
@@ -122,9 +122,9 @@ func TestSnapshotDue(t *testing.T) {
 						for _, age := range []time.Duration{0, interval / 2, interval + time.Second, 10 * interval} {
 							pw.failed.Store(failed)
 							pw.owned.Store(owned[owner])
-							pw.committed.Store(committed)
-							pw.snapOffset.Store(snapOffset)
-							pw.snapAt.Store(time.Now().Add(-age).UnixNano())
+							pw.snap.committed.Store(committed)
+							pw.snap.offset.Store(snapOffset)
+							pw.snap.at.Store(time.Now().Add(-age).UnixNano())
 							r.s.uploadDownUntil.Store(0)
 							if down {
 								r.s.uploadDownUntil.Store(time.Now().Add(snapshotDownFor).UnixNano())
@@ -155,7 +155,7 @@ func TestSnapshotLoopUploadsDuePartitions(t *testing.T) {
 	r := newSnapshotRig(t, interval)
 	changed := r.partition(t, 0, 10, true)
 	unchanged := r.partition(t, 1, 10, true)
-	unchanged.snapOffset.Store(10)
+	unchanged.snap.offset.Store(10)
 	replaying := r.partition(t, 2, 10, true)
 	replaying.owned.Or(ownedReplaying)
 	failed := r.partition(t, 3, 10, true)
@@ -181,7 +181,7 @@ func TestSnapshotLoopUploadsDuePartitions(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	waitFor("the changed partition's snapshot", func() bool { return changed.snapOffset.Load() == 10 })
+	waitFor("the changed partition's snapshot", func() bool { return changed.snap.offset.Load() == 10 })
 	time.Sleep(5 * interval) // ticks enough for a second upload at the same checkpoint
 	if got := r.snapshots(t, 0); len(got) != 1 || got[0] != 10 {
 		t.Errorf("snapshots of the changed partition at %v, want one at 10", got)
@@ -193,7 +193,7 @@ func TestSnapshotLoopUploadsDuePartitions(t *testing.T) {
 	}
 
 	commitAt(t, changed, 20)
-	waitFor("the second snapshot", func() bool { return changed.snapOffset.Load() == 20 })
+	waitFor("the second snapshot", func() bool { return changed.snap.offset.Load() == 20 })
 	if got := r.snapshots(t, 0); len(got) != 2 {
 		t.Errorf("snapshots at %v after the state moved on, want 10 and 20", got)
 	}
@@ -216,7 +216,7 @@ func TestFinalSnapshots(t *testing.T) {
 	unplanned := r.partition(t, 2, 10, false)
 	unplanned.owned.Store(0)
 	snapshotted := r.partition(t, 3, 10, false)
-	snapshotted.snapOffset.Store(10)
+	snapshotted.snap.offset.Store(10)
 	stopped := []*partitionWorker{released, failed, unplanned, snapshotted}
 
 	uploaded := func() map[int32][]int64 {
@@ -284,8 +284,8 @@ func TestUploadFailureHoldsOffUploads(t *testing.T) {
 	pw := r.partition(t, 0, 10, true)
 	other := r.partition(t, 1, 10, true)
 	old := time.Now().Add(-2 * interval).UnixNano()
-	pw.snapAt.Store(old)
-	other.snapAt.Store(old)
+	pw.snap.at.Store(old)
+	other.snap.at.Store(old)
 	if !r.s.due(pw, interval) || !r.s.due(other, interval) {
 		t.Fatal("the partitions are not due before the failure")
 	}
@@ -303,10 +303,10 @@ func TestUploadFailureHoldsOffUploads(t *testing.T) {
 	if r.s.due(other, interval) {
 		t.Errorf("another partition is due while the store is held off")
 	}
-	if at := pw.snapAt.Load(); at < before.UnixNano() {
+	if at := pw.snap.at.Load(); at < before.UnixNano() {
 		t.Errorf("the failed partition's last try is still %s ago", time.Since(time.Unix(0, at)))
 	}
-	if got := pw.snapOffset.Load(); got != -1 {
+	if got := pw.snap.offset.Load(); got != -1 {
 		t.Errorf("the failed upload recorded a snapshot at %d", got)
 	}
 	r.s.uploadDownUntil.Store(0)

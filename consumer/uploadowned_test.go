@@ -54,7 +54,7 @@ func TestIntervalUploadSkipsRevokedPartition(t *testing.T) {
 		return len(ms)
 	}
 
-	w.snaps.upload(context.Background(), pw, "interval") // not among w.parts: revoked
+	w.snaps.upload(context.Background(), pw, "interval") // not among w.mu.parts: revoked
 	if n := listed(); n != 0 {
 		t.Fatalf("an interval upload of a revoked partition stored %d snapshots, want none", n)
 	}
@@ -68,8 +68,8 @@ func TestIntervalUploadSkipsRevokedPartition(t *testing.T) {
 	if err := d.Commit(store.Checkpoint{Offset: 2, LeaderEpoch: -1}); err != nil {
 		t.Fatal(err)
 	}
-	pw.committed.Store(2)
-	w.parts[tp] = pw
+	pw.snap.committed.Store(2)
+	w.mu.parts[tp] = pw
 	w.snaps.upload(context.Background(), pw, "interval")
 	if n := listed(); n != 2 {
 		t.Fatalf("an owned partition's interval upload: %d snapshots stored, want 2", n)

@@ -70,33 +70,41 @@ type Worker struct {
 	// at a time.
 	consolidating atomic.Bool
 
-	// mu guards connected, parts, closing, plansStopped, cancelPlans,
-	// fatalErr and cancelPoll, and the writes of cl and sess (publish). It
-	// is held only to read and write these (and, in assignedGauges, to
-	// read the partitions' atomics), never across a partition stop, a
-	// Kafka request or a send on a channel.
-	mu         sync.Mutex
-	connected  chan struct{} // closed once cl and sess are set; a new one each connect
-	parts      map[store.TopicPartition]*partitionWorker
-	closing    bool // shutdown began: assigned opens no more partitions
-	fatalErr   error
-	cancelPoll context.CancelFunc
-	// plansStopped: release has begun in this session, so adjustOffsets
-	// plans no partition and assigned opens none until the next connect;
-	// cancelPlans cancels the plan running (adjustOffsets), and planning
-	// counts the running ones (at most one: franz-go's group goroutine).
-	plansStopped bool
-	cancelPlans  context.CancelFunc
-	planning     sync.WaitGroup
+	// mu guards the fields inside it, and the writes of cl and sess
+	// (publish). It is held only to read and write these (and, in
+	// assignedGauges, to read the partitions' atomics), never across a
+	// partition stop, a Kafka request or a send on a channel.
+	mu struct {
+		sync.Mutex
+		connected  chan struct{} // closed once cl and sess are set; a new one each connect
+		parts      map[store.TopicPartition]*partitionWorker
+		closing    bool // shutdown began: assigned opens no more partitions
+		fatalErr   error
+		cancelPoll context.CancelFunc
+		// plansStopped: release has begun in this session, so
+		// adjustOffsets plans no partition and assigned opens none until
+		// the next connect; cancelPlans cancels the plan running
+		// (adjustOffsets).
+		plansStopped bool
+		cancelPlans  context.CancelFunc
+	}
+	// planning counts the running plans (at most one: franz-go's group
+	// goroutine).
+	planning sync.WaitGroup
 
 	fatalOnce sync.Once // fail records the first error and cancels polling once
 
-	// Exactly once, owned by the goroutine running Run: the batches
-	// skipped in the current transaction (skipRecords, endTxnSkips).
-	skippedInTxn []store.TopicPartition
-	// Exactly once: records refused by the broker, across transactions.
-	// Its own lock: produce callbacks add to it.
-	rejections txnRejections
+	// Exactly once, the transaction loop's (the goroutine running Run):
+	// the batches skipped in the current transaction (skipRecords,
+	// endTxnSkips); the records refused by the broker, across
+	// transactions (its own lock: produce callbacks add to it); and the
+	// bytes produced to each topic since the client's buffer was last
+	// empty (boundBatches).
+	txn struct {
+		skipped    []store.TopicPartition
+		rejections txnRejections
+		batchBytes map[string]int
+	}
 
 	// How the client of the current connect compresses (nil: it does
 	// not), written by connect (setCompressor) before the partitions see
@@ -104,9 +112,6 @@ type Worker struct {
 	// bound is raised (exactly once with compression, compressed.go).
 	compressor    kgo.Compressor
 	batchesRaised atomic.Bool
-	// Exactly once, owned by the transaction loop: bytes produced to each
-	// topic since the client's buffer was last empty (boundBatches).
-	txnBatchBytes map[string]int
 	// At least once: the producer of records that fit only compressed.
 	large largeProducer
 	// snaps uploads and restores snapshots (nil: Options.Snapshots is
@@ -127,16 +132,16 @@ func New(opts Options) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{
-		opts:  opts,
-		log:   opts.Logger,
-		parts: map[store.TopicPartition]*partitionWorker{},
-		live:  newLiveness(),
+		opts: opts,
+		log:  opts.Logger,
+		live: newLiveness(),
 
 		restoreSlots: make(chan struct{}, opts.MaxRestores),
 	}
-	w.rejections.known = map[recordTarget]rejection{}
-	w.rejections.isolated = map[recordTarget]bool{}
-	w.txnBatchBytes = map[string]int{}
+	w.mu.parts = map[store.TopicPartition]*partitionWorker{}
+	w.txn.rejections.known = map[recordTarget]rejection{}
+	w.txn.rejections.isolated = map[recordTarget]bool{}
+	w.txn.batchBytes = map[string]int{}
 	w.m = newMetrics(opts.Registerer, w)
 	w.mode = newMode(w, opts.Delivery)
 	if opts.Snapshots != nil {
@@ -160,7 +165,7 @@ func (w *Worker) Ready() bool {
 // kgo.NewClient returns.
 func (w *Worker) client() *kgo.Client {
 	w.mu.Lock()
-	c := w.connected
+	c := w.mu.connected
 	w.mu.Unlock()
 	<-c
 	w.mu.Lock()
@@ -175,7 +180,7 @@ func (w *Worker) client() *kgo.Client {
 func (w *Worker) Run(ctx context.Context) error {
 	pollCtx, cancel := context.WithCancel(ctx)
 	w.mu.Lock()
-	w.cancelPoll = cancel
+	w.mu.cancelPoll = cancel
 	w.mu.Unlock()
 	defer cancel()
 	if w.snaps != nil {
@@ -219,8 +224,8 @@ func (w *Worker) Run(ctx context.Context) error {
 func (w *Worker) connect() error {
 	connected := make(chan struct{})
 	w.mu.Lock()
-	w.connected = connected
-	w.plansStopped = false // the previous client is closed: its plans have ended
+	w.mu.connected = connected
+	w.mu.plansStopped = false // the previous client is closed: its plans have ended
 	w.mu.Unlock()
 	opts := append(w.opts.GroupClientOpts(),
 		kgo.OnPartitionsAssigned(w.assigned),
@@ -243,13 +248,13 @@ func (w *Worker) publish(sess *kgo.GroupTransactSession, cl *kgo.Client) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.sess, w.cl = sess, cl
-	close(w.connected)
+	close(w.mu.connected)
 }
 
 func (w *Worker) partition(topic string, p int32) *partitionWorker {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.parts[store.TopicPartition{Topic: topic, Partition: p}]
+	return w.mu.parts[store.TopicPartition{Topic: topic, Partition: p}]
 }
 
 // fail records the first fatal error and stops polling.
@@ -258,8 +263,8 @@ func (w *Worker) fail(err error) {
 	w.fatalOnce.Do(func() {
 		w.log.Error("stopping the worker", "err", err)
 		w.mu.Lock()
-		w.fatalErr = err
-		cancel := w.cancelPoll
+		w.mu.fatalErr = err
+		cancel := w.mu.cancelPoll
 		w.mu.Unlock()
 		if cancel != nil {
 			cancel()
@@ -279,7 +284,7 @@ func (w *Worker) release() {
 	w.stopPlans()
 	w.mu.Lock()
 	all := make(map[string][]int32)
-	for tp := range w.parts {
+	for tp := range w.mu.parts {
 		all[tp.Topic] = append(all[tp.Topic], tp.Partition)
 	}
 	w.mu.Unlock()
@@ -290,8 +295,8 @@ func (w *Worker) release() {
 // cancels the plan running, and waits for it to return.
 func (w *Worker) stopPlans() {
 	w.mu.Lock()
-	w.plansStopped = true
-	cancel := w.cancelPlans
+	w.mu.plansStopped = true
+	cancel := w.mu.cancelPlans
 	w.mu.Unlock()
 	if cancel != nil {
 		cancel()
@@ -305,11 +310,11 @@ func (w *Worker) stopPlans() {
 func (w *Worker) beginPlan(ctx context.Context) (planCtx context.Context, end func(), ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.plansStopped {
+	if w.mu.plansStopped {
 		return ctx, nil, false
 	}
 	planCtx, cancel := context.WithCancel(ctx)
-	w.cancelPlans = cancel
+	w.mu.cancelPlans = cancel
 	w.planning.Add(1)
 	return planCtx, func() {
 		cancel()
@@ -321,7 +326,7 @@ func (w *Worker) shutdown() error {
 	begun := time.Now()
 	w.live.stop("stopping partitions (finishing their write batches)")
 	w.mu.Lock()
-	w.closing = true
+	w.mu.closing = true
 	w.mu.Unlock()
 
 	// Finish every partition's write batch and commit the group offsets
@@ -352,7 +357,7 @@ func (w *Worker) shutdown() error {
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.fatalErr
+	return w.mu.fatalErr
 }
 
 // shutdownLeft is how long the last snapshots of a stop that began at
@@ -404,8 +409,8 @@ const pollRecords = 10_000
 func (w *Worker) assignedPartitions() []*partitionWorker {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	parts := make([]*partitionWorker, 0, len(w.parts))
-	for _, pw := range w.parts {
+	parts := make([]*partitionWorker, 0, len(w.mu.parts))
+	for _, pw := range w.mu.parts {
 		parts = append(parts, pw)
 	}
 	return parts
@@ -426,7 +431,7 @@ func (w *Worker) observeHighWatermark(p kgo.FetchTopicPartition) {
 		return
 	}
 	if pw := w.partition(p.Topic, p.Partition); pw != nil {
-		pw.highWatermark.Store(p.HighWatermark)
+		pw.gauges.highWatermark.Store(p.HighWatermark)
 	}
 }
 
