@@ -453,7 +453,7 @@ func TestLoadNoKnockOnProblems(t *testing.T) {
 				t.Errorf("problems %v, want one for %s", ps, tc.want)
 			}
 			for _, p := range ps {
-				if strings.Contains(p.Reason, "also OUTPUT_TOPIC") {
+				if strings.Contains(p.Reason, "also the output topic") {
 					t.Errorf("unexpected cross-variable problem %v", p)
 				}
 			}
