@@ -4,10 +4,11 @@
 // the process's CPU time, its peak resident set and gathered Prometheus
 // metrics, and the benchmark keys; and a child process's CPU time, memory
 // and memory cgroup (process.go). What a benchmark needs of a worker run
-// as a child process over its HTTP server is in internal/harness. benchenv imports none of kdedup's packages, so that a
-// benchmark binary's own memory stays that of the package it measures. Linux figures come from getrusage and
-// /proc/self; elsewhere PeakRSS reports -1. Its functions are safe for
-// concurrent use.
+// as a child process over its HTTP server is in internal/harness.
+// benchenv imports none of kdedup's packages, so that a benchmark
+// binary's own memory stays that of the package it measures. Linux
+// figures come from getrusage and /proc/self; elsewhere PeakRSS reports
+// -1. Its functions are safe for concurrent use.
 package benchenv
 
 import (
