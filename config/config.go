@@ -42,6 +42,7 @@ type Config struct {
 	OutputTopic         string            `env:"OUTPUT_TOPIC,required" doc:"Topic that receives the first record seen for each key"`
 	DuplicatesTopic     string            `env:"DUPLICATES_TOPIC" envDefault:"" doc:"Topic that receives every dropped record (duplicate or over MAX_OCCURRENCES) with headers kdedup-reason and kdedup-source, to audit false drops; not OUTPUT_TOPIC nor an input topic; empty disables it"`
 	DeadLetterTopic     string            `env:"DEAD_LETTER_TOPIC" envDefault:"" doc:"Topic that receives each record that cannot be forwarded because of the record itself (larger than its target topic's max.message.bytes, rejected by the broker as invalid, or a batch over MAX_DECOMPRESS_BYTES) with headers kdedup-dead-letter-reason, kdedup-source and kdedup-target, and processing goes on; not OUTPUT_TOPIC, DUPLICATES_TOPIC nor an input topic; empty stops the worker (exit 1) with an error naming the record"`
+	RepartitionTopic    string            `env:"REPARTITION_TOPIC" envDefault:"" doc:"Topic the input records pass through keyed by their dedup key (KEY), so that duplicates are caught whichever input partition their producer wrote them to: the workers of GROUP produce each input record to it, with its original key, headers and timestamp, and deduplicate its partitions into OUTPUT_TOPIC; create it beforehand (kdedup does not create topics) with message.timestamp.type=CreateTime, at least as many partitions as the input topics together, and a partition count that never changes; not OUTPUT_TOPIC, DUPLICATES_TOPIC, DEAD_LETTER_TOPIC nor an input topic; empty deduplicates each input partition on its own"`
 	MaxRecordBytes      ByteSize          `env:"MAX_RECORD_BYTES" envDefault:"0" doc:"Largest record batch the worker produces to each topic, 512B to 1GiB, as the broker counts it against max.message.bytes; 0 reads each target topic's max.message.bytes from the brokers at start-up (1048588 when they do not tell)"`
 	MaxDecompressBytes  ByteSize          `env:"MAX_DECOMPRESS_BYTES" envDefault:"64MiB" doc:"Largest size an input record batch may decompress to, 1MiB to 1GiB; a larger one (a compression bomb) is not decompressed: it goes to DEAD_LETTER_TOPIC as a record without value, or stops the worker naming its offsets"`
 	Group               string            `env:"GROUP" envDefault:"kdedup" doc:"Consumer group; the workers of one group share the partitions of INPUT_TOPICS"`
@@ -365,7 +366,7 @@ func (c Config) validateOwn(v *validator) {
 	if reason := topicProblem(c.OutputTopic); c.OutputTopic != "" && reason != "" {
 		v.add("OutputTopic", c.OutputTopic, reason)
 	}
-	for field, t := range map[string]string{"DuplicatesTopic": c.DuplicatesTopic, "DeadLetterTopic": c.DeadLetterTopic} {
+	for field, t := range map[string]string{"DuplicatesTopic": c.DuplicatesTopic, "DeadLetterTopic": c.DeadLetterTopic, "RepartitionTopic": c.RepartitionTopic} {
 		if reason := topicProblem(t); t != "" && reason != "" {
 			v.add(field, t, reason)
 		}
@@ -711,6 +712,7 @@ func (c Config) ConsumerOptions() consumer.Options {
 		OutputTopic:         c.OutputTopic,
 		DuplicatesTopic:     c.DuplicatesTopic,
 		DeadLetterTopic:     c.DeadLetterTopic,
+		RepartitionTopic:    c.RepartitionTopic,
 		MaxDecompressBytes:  int(c.MaxDecompressBytes),
 		Group:               c.Group,
 		InstanceID:          c.InstanceID,

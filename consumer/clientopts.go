@@ -24,7 +24,7 @@ func (o Options) GroupClientOpts() []kgo.Opt {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(o.Brokers...),
 		kgo.ConsumerGroup(o.Group),
-		kgo.ConsumeTopics(o.InputTopics...),
+		kgo.ConsumeTopics(o.consumedTopics()...),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		// The reset offset is also where franz-go goes when an offset is
 		// out of range (retention deleted it): always the log start, so

@@ -105,9 +105,12 @@ const (
 	RoleDuplicates
 	// RoleDeadLetter is Options.DeadLetterTopic: the dead letters.
 	RoleDeadLetter
+	// RoleRepartition is Options.RepartitionTopic: the input records
+	// keyed by their dedup key.
+	RoleRepartition
 )
 
-// String returns "output", "duplicates" or "dead-letter".
+// String returns "output", "duplicates", "dead-letter" or "repartition".
 func (r TopicRole) String() string {
 	switch r {
 	case RoleOutput:
@@ -116,6 +119,8 @@ func (r TopicRole) String() string {
 		return "duplicates"
 	case RoleDeadLetter:
 		return "dead-letter"
+	case RoleRepartition:
+		return "repartition"
 	}
 	return fmt.Sprintf("TopicRole(%d)", uint8(r))
 }
@@ -127,7 +132,8 @@ type TargetTopic struct {
 }
 
 // TargetTopics returns the topics a worker with o produces to: the output
-// topic, then the duplicates and the dead-letter topic when set.
+// topic, then the duplicates, the dead-letter and the repartition topic
+// when set.
 func (o Options) TargetTopics() []TargetTopic {
 	ts := []TargetTopic{{RoleOutput, o.OutputTopic}}
 	if o.DuplicatesTopic != "" {
@@ -135,6 +141,9 @@ func (o Options) TargetTopics() []TargetTopic {
 	}
 	if o.DeadLetterTopic != "" {
 		ts = append(ts, TargetTopic{RoleDeadLetter, o.DeadLetterTopic})
+	}
+	if o.RepartitionTopic != "" {
+		ts = append(ts, TargetTopic{RoleRepartition, o.RepartitionTopic})
 	}
 	return ts
 }
@@ -146,6 +155,8 @@ func (w *Worker) roleOf(topic string) TopicRole {
 		return RoleDuplicates
 	case w.opts.DeadLetterTopic:
 		return RoleDeadLetter
+	case w.opts.RepartitionTopic:
+		return RoleRepartition
 	}
 	return RoleOutput
 }

@@ -182,8 +182,8 @@ func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
 	pageBytes := int64(w.opts.Dedup.PageBytes())
 	perStaged := per // a partition assigned while the poll waits is not known here
 	for _, pw := range parts {
-		if pw.owner() != ownerLoop {
-			continue // its restore goroutine owns the deduplicator; the group client fetches nothing for it
+		if pw.owner() != ownerLoop || pw.stateless() {
+			continue // its restore goroutine owns the deduplicator (the group client fetches nothing for it), or it has none
 		}
 		n = min(n, (w.opts.FlushBytes-pw.dedup.DirtyBytes()-pw.dedup.StagedBytes())/per)
 		perStaged = max(perStaged, int64(pw.dedup.MaxPagesPerRecord())*pageBytes)
@@ -360,6 +360,9 @@ func (w *Worker) flushDue() {
 // deduplicator's, and the caller fails the partition.
 func (pw *partitionWorker) commitTxn() error {
 	pw.stableNext, pw.stableDecided = pw.next, pw.decided
+	if pw.stateless() {
+		return nil
+	}
 	return pw.dedup.CommitStaged()
 }
 
@@ -371,6 +374,9 @@ func (pw *partitionWorker) commitTxn() error {
 func (pw *partitionWorker) abortTxn() error {
 	pw.next, pw.decided = pw.stableNext, pw.stableDecided
 	pw.gauges.nextOffset.Store(pw.next.Offset)
+	if pw.stateless() {
+		return nil
+	}
 	return pw.dedup.DiscardStaged()
 }
 

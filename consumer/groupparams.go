@@ -41,6 +41,18 @@ func clientID(params string) string {
 	return clientIDPrefix + hex.EncodeToString(sum[:8])
 }
 
+// groupParams is what every member of the group must share, as text: the
+// state parameters (dedup.Options.StateParams) and, when set, the
+// repartition topic (a member without it would deduplicate input
+// partitions that the others only repartition).
+func (w *Worker) groupParams() string {
+	s := w.opts.Dedup.Options().StateParams().String()
+	if r := w.opts.RepartitionTopic; r != "" {
+		s += " repartition=" + r
+	}
+	return s
+}
+
 // checkGroupParams returns ErrGroupParams (wrapped) when a member of the
 // group other than this one has a kdedup client id other than this
 // worker's. It asks once per client (checkedParams), until an answer comes.
@@ -48,7 +60,7 @@ func (w *Worker) checkGroupParams(ctx context.Context, cl *kgo.Client, adm *kadm
 	if w.checkedParams.Load() == cl {
 		return nil
 	}
-	own := clientID(w.opts.Dedup.Options().StateParams().String())
+	own := clientID(w.groupParams())
 	if got, _ := cl.OptValue(kgo.ClientID).(string); got != own {
 		return nil // a custom client id: not compared
 	}
@@ -68,8 +80,8 @@ func (w *Worker) checkGroupParams(ctx context.Context, cl *kgo.Client, adm *kadm
 		if m.MemberID == member || !strings.HasPrefix(m.ClientID, clientIDPrefix) || m.ClientID == own {
 			continue
 		}
-		return fmt.Errorf("%w: member %s on %s has client id %s, this worker %s (%s); every worker of group %s must run with the same KDEDUP_KEY and filter parameters (KDEDUP_CAPACITY, KDEDUP_TARGET_FPR, KDEDUP_FINGERPRINT_BITS, KDEDUP_BUCKET_SIZE, KDEDUP_PAGE_BYTES, KDEDUP_MAX_KICKS, KDEDUP_EXPANSION, KDEDUP_WINDOW, KDEDUP_WINDOW_GENERATIONS)",
-			ErrGroupParams, m.MemberID, m.ClientHost, m.ClientID, own, w.opts.Dedup.Options().StateParams(), w.opts.Group)
+		return fmt.Errorf("%w: member %s on %s has client id %s, this worker %s (%s); every worker of group %s must run with the same KDEDUP_KEY, filter parameters (KDEDUP_CAPACITY, KDEDUP_TARGET_FPR, KDEDUP_FINGERPRINT_BITS, KDEDUP_BUCKET_SIZE, KDEDUP_PAGE_BYTES, KDEDUP_MAX_KICKS, KDEDUP_EXPANSION, KDEDUP_WINDOW, KDEDUP_WINDOW_GENERATIONS) and KDEDUP_REPARTITION_TOPIC",
+			ErrGroupParams, m.MemberID, m.ClientHost, m.ClientID, own, w.groupParams(), w.opts.Group)
 	}
 	return nil
 }

@@ -28,6 +28,7 @@ type metrics struct {
 	deadLetters      *prometheus.CounterVec
 	foreignStates    *prometheus.CounterVec
 	beyondLogEnd     prometheus.Counter
+	repartitioned    prometheus.Counter
 }
 
 // newMetrics registers the worker's metrics with reg (nil: none), among
@@ -78,6 +79,8 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 			Help: "Records acknowledged by the dead-letter topic, by reason (too-large, invalid, decompress-too-large); exactly once, those of an aborted transaction are counted again when decided again."}, []string{"reason"}),
 		foreignStates: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_foreign_states_total",
 			Help: "Partition states found to belong to another topic ID or Kafka cluster than the partition's (a topic deleted and created again, another cluster or environment), by source: local (the data directory's state, moved aside into foreign-states/ and rebuilt) or snapshot (a snapshot not restored)."}, []string{"source"}),
+		repartitioned: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_records_repartitioned_total",
+			Help: "Input records the repartition stage handed to the repartition topic keyed by their dedup key (with a repartition topic; exactly once, those of an aborted transaction are counted again when read again)."}),
 		beyondLogEnd: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_checkpoints_beyond_log_end_total",
 			Help: "Partitions whose state of this topic had a checkpoint beyond the log end (the log was truncated): they kept their keys and resumed at the log end."}),
 	}
@@ -96,8 +99,8 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 // partitions as they are at scrape time, so that a partition released
 // leaves no stale series and a stalled one keeps reporting its lag.
 type partitionCollector struct {
-	w                         *Worker
-	lag, replayLeft, snapshot *prometheus.Desc
+	w                                *Worker
+	lag, replayLeft, snapshot, stage *prometheus.Desc
 }
 
 func newPartitionCollector(w *Worker) partitionCollector {
@@ -113,6 +116,9 @@ func newPartitionCollector(w *Worker) partitionCollector {
 		snapshot: prometheus.NewDesc("kdedup_snapshot_age_seconds",
 			"With snapshots: seconds since the partition's newest snapshot (or its assignment, if none since) while its state has changed after it; 0 when the newest snapshot holds its last write batch.",
 			tp, nil),
+		stage: prometheus.NewDesc("kdedup_partition_stage",
+			"1 for each assigned partition, labelled with its stage: dedup (it holds a filter's state: an input partition, or with a repartition topic a partition of it) or repartition (an input partition whose records are keyed into the repartition topic, without state).",
+			[]string{"topic", "partition", "stage"}, nil),
 	}
 }
 
@@ -120,6 +126,7 @@ func (c partitionCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.lag
 	ch <- c.replayLeft
 	ch <- c.snapshot
+	ch <- c.stage
 }
 
 func (c partitionCollector) Collect(ch chan<- prometheus.Metric) {
@@ -128,11 +135,12 @@ func (c partitionCollector) Collect(ch chan<- prometheus.Metric) {
 	// collectors' metrics, which must never wait for Worker.mu held here.
 	for _, s := range c.w.assignedGauges() {
 		p := strconv.Itoa(int(s.tp.Partition))
+		ch <- prometheus.MustNewConstMetric(c.stage, prometheus.GaugeValue, 1, s.tp.Topic, p, s.stage)
 		ch <- prometheus.MustNewConstMetric(c.replayLeft, prometheus.GaugeValue, float64(s.replayLeft), s.tp.Topic, p)
 		if s.highWatermark >= 0 && s.next >= 0 {
 			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(max(0, s.highWatermark-s.next)), s.tp.Topic, p)
 		}
-		if c.w.snaps != nil {
+		if c.w.snaps != nil && s.stage == stageDedup {
 			age := 0.0
 			if s.committed != s.snapOffset {
 				age = time.Since(time.Unix(0, s.snapAt)).Seconds()
@@ -146,6 +154,7 @@ func (c partitionCollector) Collect(ch chan<- prometheus.Metric) {
 // one scrape.
 type partitionGauges struct {
 	tp                                                             store.TopicPartition
+	stage                                                          string
 	replayLeft, highWatermark, next, committed, snapOffset, snapAt int64
 }
 
@@ -156,7 +165,7 @@ func (w *Worker) assignedGauges() []partitionGauges {
 	defer w.mu.Unlock()
 	out := make([]partitionGauges, 0, len(w.mu.parts))
 	for tp, pw := range w.mu.parts {
-		out = append(out, partitionGauges{tp: tp, replayLeft: pw.gauges.replayLeft.Load(), highWatermark: pw.gauges.highWatermark.Load(), next: pw.gauges.nextOffset.Load(),
+		out = append(out, partitionGauges{tp: tp, stage: pw.stage(), replayLeft: pw.gauges.replayLeft.Load(), highWatermark: pw.gauges.highWatermark.Load(), next: pw.gauges.nextOffset.Load(),
 			committed: pw.snap.committed.Load(), snapOffset: pw.snap.offset.Load(), snapAt: pw.snap.at.Load()})
 	}
 	return out

@@ -50,8 +50,22 @@ type Options struct {
 	// the worker with a *RecordError naming it. It must differ from
 	// OutputTopic, DuplicatesTopic and every input topic (default: none).
 	DeadLetterTopic string
+	// RepartitionTopic, if set, makes the worker run two stages in its
+	// consumer group (repartition.go): the records of InputTopics are
+	// produced to it keyed by their dedup key (murmur2, as Kafka's Java
+	// client partitions), with their original key, headers and timestamp;
+	// its records are deduplicated and forwarded to OutputTopic in their
+	// original form. Every record of one dedup key then meets the others in
+	// one partition of it, whatever partition its producer chose. The
+	// state is kept per partition of this topic, and its partition count
+	// must never change (a key would move to another partition and be new
+	// there). It is produced like OutputTopic and read read_committed. It
+	// must differ from every other topic of the worker (default: none,
+	// each input partition is deduplicated on its own).
+	RepartitionTopic string
 	// MaxRecordBytes returns the max.message.bytes of a topic the worker
-	// produces to (OutputTopic, DuplicatesTopic, DeadLetterTopic), in
+	// produces to (OutputTopic, DuplicatesTopic, DeadLetterTopic,
+	// RepartitionTopic), in
 	// bytes: a record whose batch of its own is larger, before compression
 	// (recordBatchBytes) and once compressed as the worker's producer
 	// compresses it (compressedBatchBytes), is a dead letter instead of a
@@ -286,6 +300,18 @@ func (o Options) Validate() error {
 			l.Add("DeadLetterTopic", d, "must differ from the duplicates topic; dead letters would mix with dropped records")
 		case seen[d]:
 			l.Add("DeadLetterTopic", d, "is also an input topic; the worker would read its own dead letters")
+		}
+	}
+	if r := o.RepartitionTopic; r != "" {
+		switch {
+		case r == o.OutputTopic:
+			l.Add("RepartitionTopic", r, "must differ from the output topic; the output would be read back and deduplicated again")
+		case r == o.DuplicatesTopic:
+			l.Add("RepartitionTopic", r, "must differ from the duplicates topic; dropped records would be read back")
+		case r == o.DeadLetterTopic:
+			l.Add("RepartitionTopic", r, "must differ from the dead-letter topic; dead letters would be read back")
+		case seen[r]:
+			l.Add("RepartitionTopic", r, "is also an input topic; the worker would repartition its own repartitioned records")
 		}
 	}
 	if !o.Delivery.Valid() {

@@ -58,12 +58,12 @@ type planInfo struct {
 // zero origin for its topic ID (unknown: nothing is refused for it).
 func (w *Worker) origin(ctx context.Context, adm offsetAdmin, info *planInfo, topic string) (store.Origin, error) {
 	if info.origins == nil {
-		md, err := adm.Metadata(ctx, w.opts.InputTopics...)
+		md, err := adm.Metadata(ctx, w.opts.consumedTopics()...)
 		if err != nil {
 			return store.Origin{}, fmt.Errorf("reading the input topics' IDs to check each partition's state belongs to them: %w", err)
 		}
-		info.origins = make(map[string]store.Origin, len(w.opts.InputTopics))
-		for _, t := range w.opts.InputTopics {
+		info.origins = make(map[string]store.Origin, len(w.opts.consumedTopics()))
+		for _, t := range w.opts.consumedTopics() {
 			o := store.Origin{ClusterID: md.Cluster}
 			d, ok := md.Topics[t]
 			if ok && d.Err != nil {
@@ -86,7 +86,7 @@ func (w *Worker) origin(ctx context.Context, adm offsetAdmin, info *planInfo, to
 // end offsets the first time; ok is false when it cannot be listed.
 func (w *Worker) logEnd(ctx context.Context, adm offsetAdmin, info *planInfo, topic string, p int32) (end int64, ok bool, err error) {
 	if info.ends == nil {
-		l, err := adm.ListEndOffsets(ctx, w.opts.InputTopics...)
+		l, err := adm.ListEndOffsets(ctx, w.opts.consumedTopics()...)
 		if err != nil {
 			return 0, false, fmt.Errorf("listing end offsets to check checkpoints: %w", err)
 		}

@@ -21,7 +21,8 @@ import (
 // once, the partition's own goroutine, run; exactly once, the transaction
 // loop, which also ends its part of each transaction).
 type partitionWorker struct {
-	// Set by newPartition, read-only after.
+	// Set by newPartition, read-only after. dedup is nil for a
+	// partition of the repartition stage (stateless).
 	w         *Worker
 	cl        *kgo.Client // the group client it was assigned by
 	prod      producer    // cl, producing at least once (produce)
@@ -132,6 +133,9 @@ func newPartition(w *Worker, cl *kgo.Client, topic string, p int32, d *dedup.Ded
 	pw.snap.committed.Store(-1)
 	pw.snap.offset.Store(-1)
 	pw.snap.at.Store(pw.lastFlush.UnixNano()) // the first snapshot an interval after the assignment
+	if d == nil {
+		return pw // a partition of the repartition stage: no state
+	}
 	if cp, ok := d.Checkpoint(); ok {
 		pw.setCheckpoint(cp)
 	}
@@ -233,7 +237,9 @@ func (pw *partitionWorker) stop(abort bool) {
 }
 
 func (pw *partitionWorker) close() {
-	pw.dedup.Close()
+	if !pw.stateless() {
+		pw.dedup.Close()
+	}
 	close(pw.queue.done)
 }
 
@@ -246,6 +252,13 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 	}
 	if len(recs) > 0 {
 		pw.lastActive = time.Now()
+	}
+	if pw.stateless() {
+		pw.route(recs, produce)
+		return
+	}
+	if pw.restoresOriginals() {
+		restoreOriginals(recs)
 	}
 	dups := pw.w.opts.DuplicatesTopic
 	if err := pw.dedup.Prefetch(recs); err != nil {
@@ -377,6 +390,10 @@ func (pw *partitionWorker) flush() {
 // steps (consolidateIdle) rewrite pages and commit no checkpoint. On error nothing is counted and
 // flushed stays; the caller fails the partition.
 func (pw *partitionWorker) commitBatch(cp store.Checkpoint, decided int64) error {
+	if pw.stateless() {
+		pw.flushed, pw.flushedDecided = cp, decided // nothing to keep: the offset alone moves
+		return nil
+	}
 	dirty := pw.dedup.DirtyBytes()
 	if err := pw.dedup.Commit(cp); err != nil {
 		return err
@@ -400,6 +417,9 @@ func (pw *partitionWorker) commitBatch(cp store.Checkpoint, decided int64) error
 // between transactions, with room for the next one (txnReserve), and so
 // does a replay, whose changes are staged exactly once.
 func (pw *partitionWorker) batchDue(reserve int64) bool {
+	if pw.stateless() {
+		return false
+	}
 	o := pw.w.opts
 	return pw.dedup.DirtyBytes()+pw.dedup.StagedBytes() >= o.FlushBytes-reserve || pw.dedup.OverDirtyShare(o.MaxDirtyPageBytes)
 }
@@ -427,7 +447,7 @@ const consolidateIdleIntervals = 10
 // whether it took a step. The store remembers that nothing is left, so the
 // steps of a partition that stays idle cost nothing.
 func (pw *partitionWorker) consolidateIdle() (stepped bool) {
-	if pw.owner() != ownerLoop || pw.failed.Load() {
+	if pw.owner() != ownerLoop || pw.failed.Load() || pw.stateless() {
 		return false
 	}
 	interval := pw.w.opts.FlushInterval

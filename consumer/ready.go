@@ -91,7 +91,7 @@ func (w *Worker) assignmentComplete(ctx context.Context, cl *kgo.Client, adm *ka
 	if !found {
 		return false, nil
 	}
-	topics, err := adm.ListTopics(ctx, w.opts.InputTopics...)
+	topics, err := adm.ListTopics(ctx, w.opts.consumedTopics()...)
 	if err != nil {
 		return false, err
 	}

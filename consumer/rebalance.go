@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kdedup/kdedup/dedup"
 	"github.com/kdedup/kdedup/store"
 )
 
@@ -24,10 +25,13 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 	cl.ResumeFetchPartitions(assigned)
 	for topic, partitions := range assigned {
 		for _, p := range partitions {
-			d, err := w.opts.Dedup.Open(topic, p)
-			if err != nil {
-				w.fail(err)
-				continue
+			var d *dedup.Deduplicator
+			if !w.opts.routes(topic) { // the repartition stage keeps no state
+				var err error
+				if d, err = w.opts.Dedup.Open(topic, p); err != nil {
+					w.fail(err)
+					continue
+				}
 			}
 			pw := newPartition(w, cl, topic, p, d)
 			pw.plan.awaiting.Store(true)
@@ -37,7 +41,7 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 			w.mu.Unlock()
 			w.mode.opened(pw)
 			w.m.assigned.Inc()
-			w.log.Info("partition assigned", "topic", topic, "partition", p)
+			w.log.Info("partition assigned", "topic", topic, "partition", p, "stage", pw.stage())
 		}
 	}
 	w.awaitCompleteAssignment(cl)
@@ -170,6 +174,21 @@ type replayPlan struct {
 func (w *Worker) planStart(ctx context.Context, adm offsetAdmin, starts *kadm.ListedOffsets, seen *groupOffsets, info *planInfo, pw *partitionWorker, o kgo.Offset) (kgo.Offset, *replayPlan, error) {
 	topic, p := pw.topic, pw.partition
 	group := o.EpochOffset().Offset // negative: no committed offset
+	if pw.stateless() {
+		// The repartition stage: no state to resume or rebuild, only
+		// the group's offset (or, for a partition it never committed,
+		// where the group starts).
+		if group < 0 {
+			start, err := w.startEmpty(ctx, adm, seen, pw, o)
+			return start, nil, err
+		}
+		logStart, err := w.logStart(ctx, adm, starts, topic, p)
+		if err != nil {
+			w.log.Warn("cannot tell whether retention deleted records this partition has to repartition", "topic", topic, "partition", p, "err", err)
+			return o, nil, nil
+		}
+		return w.clampGroup(pw, o, logStart), nil, nil
+	}
 	cur, err := w.origin(ctx, adm, info, topic)
 	if err != nil {
 		return o, nil, err
@@ -278,7 +297,7 @@ func (w *Worker) planStart(ctx context.Context, adm offsetAdmin, starts *kadm.Li
 // starts, listing the input's start offsets the first time it is asked.
 func (w *Worker) logStart(ctx context.Context, adm offsetAdmin, starts *kadm.ListedOffsets, topic string, p int32) (int64, error) {
 	if *starts == nil {
-		l, err := adm.ListStartOffsets(ctx, w.opts.InputTopics...)
+		l, err := adm.ListStartOffsets(ctx, w.opts.consumedTopics()...)
 		if err != nil {
 			return 0, fmt.Errorf("listing start offsets to plan where partitions resume: %w", err)
 		}
@@ -330,7 +349,9 @@ func (w *Worker) countRetentionSkipped(pw *partitionWorker, from, logStart int64
 // write batch is in, one flush interval after the assignment).
 func (w *Worker) startEmpty(ctx context.Context, adm offsetAdmin, seen *groupOffsets, pw *partitionWorker, o kgo.Offset) (kgo.Offset, error) {
 	topic, p := pw.topic, pw.partition
-	if !w.opts.StartAtLatest {
+	if !w.opts.StartAtLatest || topic == w.opts.RepartitionTopic {
+		// The repartition topic holds only what the repartition stage
+		// chose to read: all of it is deduplicated.
 		return o, nil
 	}
 	if seen.topicCommitted(ctx, w, adm, topic) {
@@ -338,7 +359,7 @@ func (w *Worker) startEmpty(ctx context.Context, adm offsetAdmin, seen *groupOff
 		return kgo.NewOffset().AtStart(), nil
 	}
 	if seen.ends == nil {
-		ends, err := adm.ListEndOffsets(ctx, w.opts.InputTopics...)
+		ends, err := adm.ListEndOffsets(ctx, w.opts.consumedTopics()...)
 		if err != nil {
 			return o, fmt.Errorf("listing end offsets for KDEDUP_START_OFFSET=latest: %w", err)
 		}

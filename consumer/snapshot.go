@@ -160,7 +160,7 @@ func (s *snapshotter) loop(ctx context.Context) {
 // was at least interval ago (or it has none since its assignment, an
 // interval ago).
 func (s *snapshotter) due(pw *partitionWorker, interval time.Duration) bool {
-	if pw.failed.Load() || pw.owner() != ownerLoop || time.Now().UnixNano() < s.uploadDownUntil.Load() {
+	if pw.failed.Load() || pw.stateless() || pw.owner() != ownerLoop || time.Now().UnixNano() < s.uploadDownUntil.Load() {
 		return false
 	}
 	off := pw.snap.committed.Load()
@@ -248,8 +248,8 @@ func (s *snapshotter) final(stopped []*partitionWorker, budget time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), max(budget, 0))
 	defer cancel()
 	for _, pw := range stopped {
-		if pw.failed.Load() || pw.owner() == ownerPlan {
-			continue // failed, or released before its start was planned: nothing changed
+		if pw.failed.Load() || pw.stateless() || pw.owner() == ownerPlan {
+			continue // failed, without state, or released before its start was planned: nothing changed
 		}
 		if ctx.Err() != nil || time.Now().UnixNano() < s.uploadDownUntil.Load() {
 			s.w.log.Warn("no time left, or the store failed within 30s: not snapshotting a released partition; its next owner restores an older snapshot and replays after it", "topic", pw.topic, "partition", pw.partition, "budget", budget.Round(time.Millisecond))

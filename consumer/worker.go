@@ -234,7 +234,7 @@ func (w *Worker) connect() error {
 		kgo.AdjustFetchOffsetsFn(w.adjustOffsets),
 		kgo.ProducerBatchMaxBytesFn(w.producerBatchMaxBytes),
 		kgo.WithLogger(kslog.New(w.log)),
-		kgo.ClientID(clientID(w.opts.Dedup.Options().StateParams().String())),
+		kgo.ClientID(clientID(w.groupParams())),
 	)
 	return w.mode.connect(opts)
 }

@@ -36,6 +36,7 @@ type pipeline struct {
 	delivery   string                 // KDEDUP_DELIVERY, default at-least-once
 	maxOcc     int                    // KDEDUP_MAX_OCCURRENCES, 0 for the default
 	dups       string                 // KDEDUP_DUPLICATES_TOPIC, "" for none
+	repart     string                 // KDEDUP_REPARTITION_TOPIC, "" for none
 	window     scenario.ExpectOptions // KDEDUP_WINDOW, _GENERATIONS, _REFRESH (only those fields)
 	extraEnv   map[string]string      // overrides of env
 	appOpts    []app.Option           // options of in-process workers
@@ -87,6 +88,9 @@ func (p *pipeline) env(dataDir string) map[string]string {
 	}
 	if p.dups != "" {
 		env["KDEDUP_DUPLICATES_TOPIC"] = p.dups
+	}
+	if p.repart != "" {
+		env["KDEDUP_REPARTITION_TOPIC"] = p.repart
 	}
 	if p.window.Window != 0 {
 		env["KDEDUP_WINDOW"] = p.window.Window.String()
@@ -310,6 +314,9 @@ func (p *pipeline) outputRecords(t *testing.T, recs []*kgo.Record) (want, got sc
 	defer cancel()
 	if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
 		t.Fatal(err)
+	}
+	if p.repart != "" {
+		p.waitRepartitioned(t, ctx)
 	}
 	out, err := scenario.ReadAll(ctx, p.b.addrs, p.out, p.b.conn...)
 	if err != nil {

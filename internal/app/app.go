@@ -103,7 +103,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, reg *promethe
 		return err
 	}
 	log.Info("starting", "http", c.ln.Addr().String(), "brokers", strings.Join(cfg.Brokers, ","),
-		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "duplicates_topic", cfg.DuplicatesTopic, "dead_letter_topic", cfg.DeadLetterTopic, "group", cfg.Group, "delivery", cfg.Delivery.String(), "data_dir", cfg.DataDir)
+		"input_topics", strings.Join(cfg.InputTopics, ","), "output_topic", cfg.OutputTopic, "duplicates_topic", cfg.DuplicatesTopic, "dead_letter_topic", cfg.DeadLetterTopic, "repartition_topic", cfg.RepartitionTopic, "group", cfg.Group, "delivery", cfg.Delivery.String(), "data_dir", cfg.DataDir)
 	logBudget(log, c.mem, c.memSource)
 	if started != nil {
 		started(c.ln.Addr().String())

@@ -29,14 +29,15 @@ var ErrTopic = consumer.ErrTopic
 // the variable that names it: the one place where the worker's topic
 // roles become configuration names.
 var topicVariables = map[consumer.TopicRole]string{
-	consumer.RoleOutput:     config.Prefix + "OUTPUT_TOPIC",
-	consumer.RoleDuplicates: config.Prefix + "DUPLICATES_TOPIC",
-	consumer.RoleDeadLetter: config.Prefix + "DEAD_LETTER_TOPIC",
+	consumer.RoleOutput:      config.Prefix + "OUTPUT_TOPIC",
+	consumer.RoleDuplicates:  config.Prefix + "DUPLICATES_TOPIC",
+	consumer.RoleDeadLetter:  config.Prefix + "DEAD_LETTER_TOPIC",
+	consumer.RoleRepartition: config.Prefix + "REPARTITION_TOPIC",
 }
 
 // targetTopics returns the topics a worker with cfg produces to, by role.
 func targetTopics(cfg config.Config) []consumer.TargetTopic {
-	return consumer.Options{OutputTopic: cfg.OutputTopic, DuplicatesTopic: cfg.DuplicatesTopic, DeadLetterTopic: cfg.DeadLetterTopic}.TargetTopics()
+	return consumer.Options{OutputTopic: cfg.OutputTopic, DuplicatesTopic: cfg.DuplicatesTopic, DeadLetterTopic: cfg.DeadLetterTopic, RepartitionTopic: cfg.RepartitionTopic}.TargetTopics()
 }
 
 // named tells an error of the worker in configuration terms: a
@@ -116,6 +117,12 @@ func checkTargetTopics(ctx context.Context, cfg config.Config, opts []kgo.Opt, l
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	rcs, err := adm.DescribeTopicConfigs(ctx, names...)
+	if r := cfg.RepartitionTopic; r != "" {
+		if err := checkRepartitionTopic(md.Topics[r], rcs, log); err != nil {
+			return nil, named(&consumer.TopicError{Role: consumer.RoleRepartition, Topic: r, Err: err})
+		}
+	}
 
 	limits := map[string]int{}
 	if cfg.MaxRecordBytes != 0 {
@@ -124,7 +131,6 @@ func checkTargetTopics(ctx context.Context, cfg config.Config, opts []kgo.Opt, l
 		}
 		return limits, nil
 	}
-	rcs, err := adm.DescribeTopicConfigs(ctx, names...)
 	if err != nil {
 		log.Warn("cannot read max.message.bytes of the topics the worker produces to; assuming Kafka's default (set KDEDUP_MAX_RECORD_BYTES to choose)",
 			"default", consumer.DefaultMaxRecordBytes, "err", err)
@@ -145,6 +151,24 @@ func checkTargetTopics(ctx context.Context, cfg config.Config, opts []kgo.Opt, l
 		}
 	}
 	return limits, nil
+}
+
+// checkRepartitionTopic states the repartition topic's partition count
+// and refuses a topic whose broker stamps its own time on records
+// (message.timestamp.type=LogAppendTime): the dedup stage keys, windows
+// and forwards each record with the timestamp its producer gave it. A
+// configuration the brokers do not describe is not checked.
+func checkRepartitionTopic(d kadm.TopicDetail, rcs kadm.ResourceConfigs, log *slog.Logger) error {
+	if rc, err := rcs.On(d.Topic, nil); err == nil && rc.Err == nil {
+		for _, c := range rc.Configs {
+			if c.Key == "message.timestamp.type" && c.Value != nil && *c.Value == "LogAppendTime" {
+				return errors.New("message.timestamp.type is LogAppendTime: the broker would replace each record's timestamp, which the output and the dedup window keep; set it to CreateTime")
+			}
+		}
+	}
+	log.Info("repartitioning by the dedup key", "repartition_topic", d.Topic, "partitions", len(d.Partitions),
+		"note", "every record of one dedup key goes to one of these partitions; their count must never change")
+	return nil
 }
 
 // topicPropagation is how long checkTargetTopics waits for a topic the

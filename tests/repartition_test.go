@@ -1,0 +1,264 @@
+package tests
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/internal/app"
+	"github.com/kdedup/kdedup/internal/scenario"
+)
+
+// withRepartitionTopic creates a repartition topic of the given partitions
+// and has the workers deduplicate through it (KDEDUP_REPARTITION_TOPIC).
+func (p *pipeline) withRepartitionTopic(t *testing.T, partitions int32) {
+	t.Helper()
+	p.repart = p.b.name("repartition")
+	p.b.createTopics(t, partitions, p.repart)
+}
+
+// waitRepartitioned waits until the group has decided every record of the
+// repartition topic: for each partition, nothing is left to read
+// (read_committed) from the group's committed offset on. Under
+// transactions a partition's end offset is past its last commit marker,
+// which no consumer reads or commits, so end offsets alone cannot tell.
+func (p *pipeline) waitRepartitioned(t *testing.T, ctx context.Context) {
+	t.Helper()
+	adm := p.b.admin(t)
+	for {
+		committed, err := adm.FetchOffsets(ctx, p.group)
+		if err != nil {
+			t.Fatalf("fetching the group's offsets: %v", err)
+		}
+		ends, err := adm.ListEndOffsets(ctx, p.repart)
+		if err != nil {
+			t.Fatalf("listing the end offsets of %s: %v", p.repart, err)
+		}
+		from := map[int32]kgo.Offset{}
+		ends.Each(func(e kadm.ListedOffset) {
+			at := int64(0)
+			if c, ok := committed.Lookup(e.Topic, e.Partition); ok && c.At >= 0 {
+				at = c.At
+			}
+			if at < e.Offset {
+				from[e.Partition] = kgo.NewOffset().At(at)
+			}
+		})
+		if len(from) == 0 || !p.anyRecordFrom(t, ctx, from) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for group %s to decide the repartition topic %s: %v", p.group, p.repart, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// anyRecordFrom reports whether the repartition topic holds a committed
+// record at or after the given offsets.
+func (p *pipeline) anyRecordFrom(t *testing.T, ctx context.Context, from map[int32]kgo.Offset) bool {
+	t.Helper()
+	cl := p.b.client(t, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{p.repart: from}), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return cl.PollFetches(pctx).NumRecords() > 0
+}
+
+// requireSpreadDeduplicated checks the output against the exact model of
+// a deduplication of in by event id across partitions
+// (scenario.SpreadCheck): exactly, or at least once with repeats counted.
+func requireSpreadDeduplicated(t *testing.T, in, out []*kgo.Record, exact bool) int {
+	t.Helper()
+	problems, extra := scenario.SpreadCheck(in, out, exact, 10)
+	for _, pr := range problems {
+		t.Error(pr)
+	}
+	if len(problems) > 0 {
+		t.FailNow()
+	}
+	return extra
+}
+
+// TestRepartitionByDedupKey: events keyed by a JSON field are sent by four
+// producers that partition them apart (two record keys with murmur2,
+// unkeyed, CRC32), so most events have copies in two or more partitions.
+// Through the repartition topic, in both delivery modes, each event is
+// forwarded once, as one of its copies (key, value, headers and timestamp
+// unchanged), and each record without an event id is forwarded unchanged.
+func TestRepartitionByDedupKey(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 4)
+		p.delivery = delivery
+		p.withRepartitionTopic(t, 3)
+		p.extraEnv = map[string]string{"KDEDUP_KEY": scenario.SpreadKey}
+		recs := scenario.GenerateSpread(scenario.SpreadOptions{Events: 3000, Seed: 21, Partitions: p.partitions})
+		if n := scenario.SpreadPartitions(recs); n < 1000 {
+			t.Fatalf("only %d events have copies in more than one partition: the stream does not test repartitioning", n)
+		}
+		p.produceManual(t, recs)
+		w := p.startWorker(t, t.TempDir())
+		_, _, out := p.outputRecords(t, recs)
+		requireSpreadDeduplicated(t, recs, out, true)
+		if got := w.metric(t, "kdedup_records_repartitioned_total"); got != float64(len(recs)) {
+			t.Errorf("kdedup_records_repartitioned_total = %v, want %d (every input record once)", got, len(recs))
+		}
+		w.stop(t)
+		t.Logf("%d input records, %d events with copies in more than one partition, %d forwarded", len(recs), scenario.SpreadPartitions(recs), len(out))
+	})
+}
+
+// TestRepartitionPartitionsAdded: partitions added to the input topic
+// while the worker runs move records of one user id to another partition;
+// through the repartition topic no decision changes: every event is still
+// forwarded once.
+func TestRepartitionPartitionsAdded(t *testing.T) {
+	p := newPipeline(t, 2)
+	p.delivery = "exactly-once"
+	p.withRepartitionTopic(t, 3)
+	p.extraEnv = map[string]string{"KDEDUP_KEY": scenario.SpreadKey, "KDEDUP_METADATA_MAX_AGE": "1s"}
+	all := scenario.GenerateSpread(scenario.SpreadOptions{Events: 2000, Seed: 22, Partitions: 2})
+	half := len(all) / 2
+	p.produceManual(t, all[:half])
+	w := p.startWorker(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := p.b.admin(t).CreatePartitions(ctx, 2, p.in)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.partitions = 4
+	// The rest as producers that see four partitions place it: the
+	// copies of an event sent before and after may now differ in
+	// partition even for one producer.
+	rest := scenario.GenerateSpread(scenario.SpreadOptions{Events: 2000, Seed: 22, Partitions: 4})[half:]
+	moved := 0
+	for i, r := range rest {
+		if r.Partition != all[half+i].Partition {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no record placed apart by the added partitions")
+	}
+	p.waitInputPartitions(t, ctx, 4)
+	p.produceManual(t, rest)
+	in := append(append([]*kgo.Record{}, all[:half]...), rest...)
+	_, _, out := p.outputRecords(t, in)
+	w.stop(t)
+	requireSpreadDeduplicated(t, in, out, true)
+	t.Logf("%d of the second half's records placed apart by the added partitions", moved)
+}
+
+// waitInputPartitions waits until the group has been assigned n
+// partitions of the input topic.
+func (p *pipeline) waitInputPartitions(t *testing.T, ctx context.Context, n int) {
+	t.Helper()
+	for {
+		groups, err := p.b.admin(t).DescribeGroups(ctx, p.group)
+		if err == nil {
+			g := groups[p.group]
+			if parts := g.AssignedPartitions()[p.in]; len(parts) == n {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the group was not assigned %d partitions of %s: %v", n, p.in, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// TestRepartitionTopicChecked: a repartition topic that does not exist
+// stops start-up with an error naming KDEDUP_REPARTITION_TOPIC (a runtime
+// failure, exit 1), and one that is also an input topic is a configuration
+// error naming it.
+func TestRepartitionTopicChecked(t *testing.T) {
+	p := newPipeline(t, 2)
+	p.repart = p.b.name("no-such-topic")
+	cfg, err := config.LoadFrom(p.env(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = app.Run(ctx, cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil)
+	if !errors.Is(err, app.ErrTopic) || !strings.Contains(err.Error(), "KDEDUP_REPARTITION_TOPIC="+p.repart) || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("start-up with a missing repartition topic: %v, want an error matching app.ErrTopic naming KDEDUP_REPARTITION_TOPIC", err)
+	}
+
+	env := p.env(t.TempDir())
+	env["KDEDUP_REPARTITION_TOPIC"] = p.in
+	_, err = config.LoadFrom(env)
+	var cerr *config.Error
+	if !errors.As(err, &cerr) || len(cerr.Problems) != 1 || cerr.Problems[0].Var != "KDEDUP_REPARTITION_TOPIC" {
+		t.Fatalf("a repartition topic that is an input topic: %v, want a configuration error naming KDEDUP_REPARTITION_TOPIC", err)
+	}
+}
+
+// TestRepartitionTooLargeIsDeadLetter: a record that fits the input topic
+// but not the repartition topic (whose max.message.bytes is smaller) goes
+// to the dead-letter topic, unchanged, and the others are deduplicated.
+func TestRepartitionTooLargeIsDeadLetter(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 2)
+		p.delivery = delivery
+		p.withRepartitionTopic(t, 2)
+		const limit = 64 << 10
+		p.b.setTopicConfig(t, p.repart, "max.message.bytes", strconv.Itoa(limit))
+		dead := p.withDeadLetterTopic(t, 0)
+		p.extraEnv["KDEDUP_KEY"] = scenario.SpreadKey
+		recs := scenario.GenerateSpread(scenario.SpreadOptions{Events: 500, Seed: 23, Partitions: 2})
+		big := &kgo.Record{Key: []byte("big"), Value: []byte(`{"event_id":"big","pad":"` + incompressible(4*limit) + `"}`),
+			Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("big")}}, Timestamp: scenario.Base, Partition: 1}
+		recs = append(recs[:250:250], append([]*kgo.Record{big}, recs[250:]...)...)
+		p.produceManual(t, recs)
+		w := p.startWorker(t, t.TempDir())
+		_, _, out := p.outputRecords(t, recs)
+		w.stop(t)
+		var rest []*kgo.Record
+		for _, r := range recs {
+			if r != big {
+				rest = append(rest, r)
+			}
+		}
+		requireSpreadDeduplicated(t, rest, out, true)
+		dl := p.readTopic(t, dead)
+		if len(dl) != 1 || string(dl[0].Key) != "big" || string(dl[0].Value) != string(big.Value) {
+			t.Fatalf("dead-letter topic holds %d records, want the one too large for the repartition topic", len(dl))
+		}
+		if got, _ := header(dl[0], "kdedup-target"); got != p.repart {
+			t.Errorf("dead letter's kdedup-target %q, want the repartition topic %q", got, p.repart)
+		}
+	})
+}
+
+// incompressible returns n characters of base64 that no codec shrinks
+// to a quarter: a record that fits a topic only uncompressed or not at all.
+func incompressible(n int) string {
+	b := make([]byte, n*3/4+3)
+	rng := rand.New(rand.NewPCG(uint64(n), 7))
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return base64.StdEncoding.EncodeToString(b)[:n]
+}
