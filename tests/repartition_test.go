@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -261,4 +263,62 @@ func incompressible(n int) string {
 		b[i] = byte(rng.Uint32())
 	}
 	return base64.StdEncoding.EncodeToString(b)[:n]
+}
+
+// TestRepartitionCrashLoop is TestCrashLoop through a repartition topic:
+// three worker processes in one group own partitions of both stages (the
+// input and the repartition topic) while events keyed by a JSON field
+// arrive spread over the input's partitions, and for 8 rounds one of them
+// is SIGKILLed, its data directory deleted in about a third of the
+// rounds, and restarted. Exactly once, each event is forwarded once as one
+// of its copies; at least once nothing is missing, and the repeats stay
+// within the README's bound per kill (a repeat of the repartition stage is
+// a duplicate the dedup stage drops).
+func TestRepartitionCrashLoop(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 4)
+		p.delivery = delivery
+		p.withRepartitionTopic(t, 3)
+		p.manual = true
+		p.extraEnv = map[string]string{"KDEDUP_KEY": scenario.SpreadKey, "KDEDUP_LOG_LEVEL": "info"}
+		recs := scenario.GenerateSpread(scenario.SpreadOptions{Events: 6000, Seed: 24, Partitions: p.partitions})
+		dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+		procs := make([]*process, len(dirs))
+		for i, d := range dirs {
+			procs[i] = p.startProcess(t, d)
+		}
+		const chunk, pause = 10, 60 * time.Millisecond
+		budget := p.newRepeatBudget(t, chunk)
+		f := p.feed(t, recs, chunk, pause)
+		rng := rand.New(rand.NewPCG(uint64(len(delivery)), 24))
+		const rounds = 8
+		kills, wipes := 0, 0
+		for range rounds {
+			for _, pr := range procs {
+				pr.waitReady(t)
+			}
+			p.waitMembers(t, len(procs))
+			i := rng.IntN(len(procs))
+			time.Sleep(time.Duration(50+rng.IntN(400)) * time.Millisecond)
+			kills++
+			budget.lose(t, fmt.Sprintf("kill %d", kills), time.Now())
+			procs[i].kill()
+			if rng.IntN(3) == 0 {
+				if err := os.RemoveAll(dirs[i]); err != nil {
+					t.Fatal(err)
+				}
+				wipes++
+			}
+			procs[i] = p.startProcess(t, dirs[i])
+		}
+		f.hurry()
+		f.wait(t)
+		_, _, out := p.outputRecords(t, recs)
+		t.Logf("%s: %d rounds: %d kills, %d data directories wiped; %d events with copies in more than one partition", delivery, rounds, kills, wipes, scenario.SpreadPartitions(recs))
+		extra := requireSpreadDeduplicated(t, recs, out, delivery == "exactly-once")
+		if delivery == "at-least-once" {
+			t.Logf("at-least-once: nothing missing, %d extra", extra)
+			budget.require(t, extra)
+		}
+	})
 }

@@ -37,6 +37,7 @@ type pipeline struct {
 	maxOcc     int                    // KDEDUP_MAX_OCCURRENCES, 0 for the default
 	dups       string                 // KDEDUP_DUPLICATES_TOPIC, "" for none
 	repart     string                 // KDEDUP_REPARTITION_TOPIC, "" for none
+	manual     bool                   // feed produces each record to the partition it names
 	window     scenario.ExpectOptions // KDEDUP_WINDOW, _GENERATIONS, _REFRESH (only those fields)
 	extraEnv   map[string]string      // overrides of env
 	appOpts    []app.Option           // options of in-process workers
@@ -261,7 +262,11 @@ type feeder struct {
 func (f *feeder) hurry() { f.pause.Store(0) }
 
 func (p *pipeline) feed(t *testing.T, recs []*kgo.Record, chunk int, pause time.Duration) *feeder {
-	cl := p.b.client(t)
+	var opts []kgo.Opt
+	if p.manual {
+		opts = append(opts, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	}
+	cl := p.b.client(t, opts...)
 	f := &feeder{produced: make(chan int, len(recs)/chunk+1)}
 	f.pause.Store(int64(pause))
 	f.wg.Add(1)
