@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/config"
@@ -30,53 +29,13 @@ func (p *pipeline) withRepartitionTopic(t *testing.T, partitions int32) {
 	p.b.createTopics(t, partitions, p.repart)
 }
 
-// waitRepartitioned waits until the group has decided every record of the
-// repartition topic: for each partition, nothing is left to read
-// (read_committed) from the group's committed offset on. Under
-// transactions a partition's end offset is past its last commit marker,
-// which no consumer reads or commits, so end offsets alone cannot tell.
+// waitRepartitioned waits until the group has decided every record of
+// the repartition topic (scenario.WaitDecided).
 func (p *pipeline) waitRepartitioned(t *testing.T, ctx context.Context) {
 	t.Helper()
-	adm := p.b.admin(t)
-	for {
-		committed, err := adm.FetchOffsets(ctx, p.group)
-		if err != nil {
-			t.Fatalf("fetching the group's offsets: %v", err)
-		}
-		ends, err := adm.ListEndOffsets(ctx, p.repart)
-		if err != nil {
-			t.Fatalf("listing the end offsets of %s: %v", p.repart, err)
-		}
-		from := map[int32]kgo.Offset{}
-		ends.Each(func(e kadm.ListedOffset) {
-			at := int64(0)
-			if c, ok := committed.Lookup(e.Topic, e.Partition); ok && c.At >= 0 {
-				at = c.At
-			}
-			if at < e.Offset {
-				from[e.Partition] = kgo.NewOffset().At(at)
-			}
-		})
-		if len(from) == 0 || !p.anyRecordFrom(t, ctx, from) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for group %s to decide the repartition topic %s: %v", p.group, p.repart, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
+	if err := scenario.WaitDecided(ctx, p.b.addrs, p.group, p.repart, p.b.conn...); err != nil {
+		t.Fatal(err)
 	}
-}
-
-// anyRecordFrom reports whether the repartition topic holds a committed
-// record at or after the given offsets.
-func (p *pipeline) anyRecordFrom(t *testing.T, ctx context.Context, from map[int32]kgo.Offset) bool {
-	t.Helper()
-	cl := p.b.client(t, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{p.repart: from}), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	defer cl.Close()
-	pctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	return cl.PollFetches(pctx).NumRecords() > 0
 }
 
 // requireSpreadDeduplicated checks the output against the exact model of

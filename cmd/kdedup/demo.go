@@ -35,6 +35,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	delivery := fs.String("delivery", "at-least-once", "at-least-once, exactly-once, or both (runs each on the same stream and compares records/s)")
 	fs.BoolVar(&o.verbose, "v", false, "show the worker's info logs")
 	move := fs.Bool("move", true, "then move every partition to a second worker with an empty data directory through snapshots (KDEDUP_SNAPSHOT_URL, a directory store) and check the output again")
+	scn := fs.String("scenario", "default", "default (records keyed by the dedup key, as the producers agree) or spread (events keyed by a JSON field, sent by producers that partition them apart: run without and with KDEDUP_REPARTITION_TOPIC; -keys is the number of events, -move does not apply)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -48,6 +49,19 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		modes = []string{"at-least-once", "exactly-once"}
 	default:
 		return fmt.Errorf("%w: -delivery %q: want at-least-once, exactly-once or both", errUsage, *delivery)
+	}
+	switch *scn {
+	case "default":
+	case "spread":
+		for _, mode := range modes {
+			o.delivery = mode
+			if err := runSpreadDemo(ctx, o, stdout, stderr); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		return fmt.Errorf("%w: -scenario %q: want default or spread", errUsage, *scn)
 	}
 	recs := scenario.Generate(scenario.Options{Keys: o.keys})
 	rates := map[string]float64{}

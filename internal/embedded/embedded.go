@@ -228,13 +228,13 @@ func WaitReady(ctx context.Context, addr string, done <-chan error) (time.Time, 
 	}
 }
 
-// CloneRecords copies recs (key, value, headers, timestamp) so that
-// producing the copies, which sets topic, partition and offset, leaves the
-// originals reusable.
+// CloneRecords copies recs (key, value, headers, timestamp, and the
+// partition a manual partitioner reads) so that producing the copies,
+// which sets topic, partition and offset, leaves the originals reusable.
 func CloneRecords(recs []*kgo.Record) []*kgo.Record {
 	out := make([]*kgo.Record, len(recs))
 	for i, r := range recs {
-		out[i] = &kgo.Record{Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
+		out[i] = &kgo.Record{Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp, Partition: r.Partition}
 	}
 	return out
 }

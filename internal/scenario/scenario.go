@@ -531,3 +531,66 @@ func ReadAll(ctx context.Context, brokers []string, topic string, conn ...kgo.Op
 	}
 	return out, nil
 }
+
+// WaitDecided waits until group has decided every record of topic, read
+// read_committed: for each partition, nothing is left to read from the
+// group's committed offset on. Unlike WaitCaughtUp it suits a topic
+// written in transactions (the repartition topic exactly once), whose end
+// offset is past a commit marker that no consumer reads or commits. conn
+// are connection options (TLS, SASL) for its clients.
+func WaitDecided(ctx context.Context, brokers []string, group, topic string, conn ...kgo.Opt) error {
+	adm, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, conn...)...)
+	if err != nil {
+		return err
+	}
+	defer adm.Close()
+	for {
+		committed, err := kadm.NewClient(adm).FetchOffsets(ctx, group)
+		if err != nil {
+			return fmt.Errorf("fetching the offsets of group %s: %w", group, err)
+		}
+		ends, err := kadm.NewClient(adm).ListEndOffsets(ctx, topic)
+		if err != nil {
+			return fmt.Errorf("listing the end offsets of %s: %w", topic, err)
+		}
+		from := map[int32]kgo.Offset{}
+		ends.Each(func(e kadm.ListedOffset) {
+			at := int64(0)
+			if c, ok := committed.Lookup(e.Topic, e.Partition); ok && c.At >= 0 {
+				at = c.At
+			}
+			if at < e.Offset {
+				from[e.Partition] = kgo.NewOffset().At(at)
+			}
+		})
+		if len(from) == 0 {
+			return nil
+		}
+		left, err := anyRecordFrom(ctx, brokers, topic, from, conn)
+		if err != nil {
+			return err
+		}
+		if !left {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for group %s to decide every record of %s: %w", group, topic, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// anyRecordFrom reports whether topic holds a committed record at or
+// after the given offsets of its partitions.
+func anyRecordFrom(ctx context.Context, brokers []string, topic string, from map[int32]kgo.Offset, conn []kgo.Opt) (bool, error) {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}), kgo.FetchIsolationLevel(kgo.ReadCommitted())}, conn...)...)
+	if err != nil {
+		return false, err
+	}
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return cl.PollFetches(pctx).NumRecords() > 0, nil
+}

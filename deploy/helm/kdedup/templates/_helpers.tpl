@@ -177,6 +177,7 @@ is set, in the order of `kdedup run -h`, then extraEnv.
   (list "KDEDUP_OUTPUT_TOPIC" $k.outputTopic)
   (list "KDEDUP_DUPLICATES_TOPIC" $k.duplicatesTopic)
   (list "KDEDUP_DEAD_LETTER_TOPIC" $k.deadLetterTopic)
+  (list "KDEDUP_REPARTITION_TOPIC" $k.repartitionTopic)
   (list "KDEDUP_MAX_RECORD_BYTES" $k.maxRecordBytes)
   (list "KDEDUP_MAX_DECOMPRESS_BYTES" $k.maxDecompressBytes)
   (list "KDEDUP_GROUP" $k.group)
