@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,30 +30,44 @@ const (
 	peerKdedup      = "kdedup"
 	peerPassthrough = "passthrough"
 	peerKStreams    = "kstreams"
+	// peerKdedupLocal is kdedup without the repartition topic, with
+	// -repartition: the same key, deduplicated within each partition
+	// (the cost of a record without the hop).
+	peerKdedupLocal = "kdedup-local"
 )
+
+// spreadField is the JSON field the -repartition stream is keyed by
+// (scenario.SpreadKey).
+const spreadField = "event_id"
 
 // peerResult is what one system did with the input in one delivery mode.
 type peerResult struct {
-	round                    int
-	delivery, system         string
-	elapsed                  time.Duration // process start to the group's commit of the end of the input
-	steady                   float64       // records/s, see waitGroup
-	cpu                      time.Duration // user + system of the process, shutdown included
-	peakRSS                  int64         // VmHWM, shutdown included
-	written                  int64         // bytes the process sent to the block layer (rusage oublock)
-	state, changelog         int64         // local state directory at exit; changelog topics on the broker
-	output                   string        // "exact", or how the output differs from its model
-	load                     string        // /proc/loadavg before the run
-	outputRecords, modelRecs int
+	round            int
+	delivery, system string
+	elapsed          time.Duration // process start to the group's commit of the end of the input
+	steady           float64       // records/s, see waitGroup
+	cpu              time.Duration // user + system of the process, shutdown included
+	peakRSS          int64         // VmHWM, shutdown included
+	written          int64         // bytes the process sent to the block layer (rusage oublock)
+	state, changelog int64         // local state directory at exit; changelog topics on the broker
+	output           string        // "exact", or how the output differs from its model
+	load             string        // /proc/loadavg before the run
+	outputRecords    int
 }
 
 // checkPeers returns a usage error when o.peers or o.deliveries names a
 // system or a delivery mode benchPeers does not know.
 func checkPeers(o benchOptions) error {
 	for _, p := range o.peers {
-		if p != peerKdedup && p != peerPassthrough && p != peerKStreams {
-			return fmt.Errorf("%w: -peers: unknown system %q (kdedup, passthrough or kstreams)", errUsage, p)
+		switch {
+		case p == peerKdedupLocal && !o.repartition:
+			return fmt.Errorf("%w: -peers: %s runs with -repartition only", errUsage, p)
+		case p != peerKdedup && p != peerPassthrough && p != peerKStreams && p != peerKdedupLocal:
+			return fmt.Errorf("%w: -peers: unknown system %q (kdedup, passthrough, kstreams or, with -repartition, kdedup-local)", errUsage, p)
 		}
+	}
+	if o.repartition && o.window != 0 {
+		return fmt.Errorf("%w: -repartition and -window cannot be combined", errUsage)
 	}
 	for _, d := range o.deliveries {
 		if d != "at-least-once" && d != "exactly-once" {
@@ -103,14 +118,24 @@ func benchPeers(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	if _, err := o.adm.CreateTopic(ctx, int32(o.partitions), 1, nil, in); err != nil {
 		return fmt.Errorf("creating %s: %w", in, err)
 	}
-	recs, keys, err := produceBench(ctx, o, in, stdout)
-	if err != nil {
-		return err
+	var checks map[string]func([]*kgo.Record) string
+	if o.repartition {
+		if checks, err = produceSpread(ctx, &o, in, stdout); err != nil {
+			return err
+		}
+	} else {
+		recs, keys, err := produceBench(ctx, o, in, stdout)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "stream: %d records, %d distinct keys, %d partitions\n", o.records, keys, o.partitions)
+		want, _ := scenario.ExpectWith(recs, scenario.ExpectOptions{Window: o.window, Generations: 8})
+		every := scenario.Observe(recs)
+		check := func(model scenario.Model) func([]*kgo.Record) string {
+			return func(got []*kgo.Record) string { return modelCheck(model, got, stdout) }
+		}
+		checks = map[string]func([]*kgo.Record) string{peerKdedup: check(want), peerKStreams: check(want), peerPassthrough: check(every)}
 	}
-	fmt.Fprintf(stdout, "stream: %d records, %d distinct keys, %d partitions\n", o.records, keys, o.partitions)
-	want, _ := scenario.ExpectWith(recs, scenario.ExpectOptions{Window: o.window, Generations: 8})
-	every := scenario.Observe(recs)
-	recs = nil
 
 	var results []peerResult
 	step := 0
@@ -119,11 +144,7 @@ func benchPeers(ctx context.Context, o benchOptions, stdout io.Writer) error {
 			order := append(append([]string(nil), o.peers[step%len(o.peers):]...), o.peers[:step%len(o.peers)]...)
 			step++
 			for _, system := range order {
-				model := want
-				if system == peerPassthrough {
-					model = every
-				}
-				res, err := runPeer(ctx, o, exe, jar, system, delivery, round, model, stdout)
+				res, err := runPeer(ctx, o, exe, jar, system, delivery, round, checks[system], stdout)
 				if err != nil {
 					return fmt.Errorf("%s (%s): %w", system, delivery, err)
 				}
@@ -135,13 +156,113 @@ func benchPeers(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	return nil
 }
 
+// modelCheck is "exact" when got is the model's output, else how it
+// differs (the differences printed to stdout).
+func modelCheck(model scenario.Model, got []*kgo.Record, stdout io.Writer) string {
+	observed := scenario.Observe(got)
+	d := scenario.Diff(model, observed, 3)
+	if len(d) == 0 {
+		return "exact"
+	}
+	missing, extra := scenario.Missing(model, observed, 1<<30)
+	for _, line := range d {
+		fmt.Fprintf(stdout, "  %s\n", line)
+	}
+	// kdedup's filter is probabilistic: a false positive drops a record
+	// whose key is new, so a few missing records are expected (about the
+	// false-positive rate times the keys it has seen).
+	return fmt.Sprintf("differs: %d missing (%.1e of %d), %d extra", len(missing), float64(len(missing))/float64(model.Stats.Forwarded), model.Stats.Forwarded, extra)
+}
+
+// produceSpread produces, for -repartition, the spread stream of about
+// o.records records (scenario.GenerateSpread: events keyed by a JSON field,
+// sent by producers that partition them apart), sets o.records to its
+// length, and returns each system's check of its output: each event once
+// (kdedup, kstreams), once per partition holding a copy (kdedup-local),
+// every record (passthrough).
+func produceSpread(ctx context.Context, o *benchOptions, topic string, stdout io.Writer) (map[string]func([]*kgo.Record) string, error) {
+	recs := scenario.GenerateSpread(scenario.SpreadOptions{Events: max(1, o.records*100/221), Partitions: int32(o.partitions)})
+	o.records = len(recs)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(o.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	err = scenario.Produce(ctx, cl, topic, recs)
+	cl.Close()
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stdout, "produced %d records to %s in %s\n", len(recs), topic, time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(stdout, "stream: %d records of events keyed by %s, %d of them with copies in more than one of %d partitions\n",
+		len(recs), scenario.SpreadKey, scenario.SpreadPartitions(recs), o.partitions)
+	verdict := func(problems []string, extra int) string {
+		if len(problems) == 0 && extra == 0 {
+			return "exact"
+		}
+		for _, p := range problems[:min(3, len(problems))] {
+			fmt.Fprintf(stdout, "  %s\n", p)
+		}
+		return fmt.Sprintf("differs: %d problems, %d extra", len(problems), extra)
+	}
+	every := map[string]int{}
+	for _, r := range recs {
+		every[scenario.WholeSignature(r)]++
+	}
+	return map[string]func([]*kgo.Record) string{
+		peerKdedup:      func(got []*kgo.Record) string { return verdict(scenario.SpreadCheck(recs, got, true, 1<<30)) },
+		peerKStreams:    func(got []*kgo.Record) string { return verdict(scenario.SpreadCheck(recs, got, true, 1<<30)) },
+		peerKdedupLocal: func(got []*kgo.Record) string { return verdict(scenario.SpreadCheckWithin(recs, got, true, 1<<30)) },
+		peerPassthrough: func(got []*kgo.Record) string {
+			left := maps.Clone(every)
+			extra := 0
+			for _, r := range got {
+				if s := scenario.WholeSignature(r); left[s] > 0 {
+					left[s]--
+				} else {
+					extra++
+				}
+			}
+			missing := 0
+			for _, n := range left {
+				missing += n
+			}
+			if missing == 0 && extra == 0 {
+				return "exact"
+			}
+			return fmt.Sprintf("differs: %d missing, %d extra", missing, extra)
+		},
+	}, nil
+}
+
+// repartitionTopic is the repartition topic a system's run writes with
+// -repartition ("" for none): kdedup's KDEDUP_REPARTITION_TOPIC, Kafka
+// Streams' internal topic of its repartition() step.
+func repartitionTopic(o benchOptions, system, group string) string {
+	switch {
+	case !o.repartition:
+		return ""
+	case system == peerKdedup:
+		return group + "-repartition"
+	case system == peerKStreams:
+		return group + "-by-dedup-key-repartition"
+	}
+	return ""
+}
+
 // runPeer runs one system once, measures it and checks its output.
-func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery string, round int, model scenario.Model, stdout io.Writer) (peerResult, error) {
+func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery string, round int, check func([]*kgo.Record) string, stdout io.Writer) (peerResult, error) {
 	short := map[string]string{"at-least-once": "alo", "exactly-once": "eos"}[delivery]
 	group := fmt.Sprintf("%s-%s-%d", system, short, round)
 	out := group + "-out"
 	if _, err := o.adm.CreateTopic(ctx, int32(o.partitions), 1, nil, out); err != nil {
 		return peerResult{}, fmt.Errorf("creating %s: %w", out, err)
+	}
+	repart := repartitionTopic(o, system, group)
+	if system == peerKdedup && repart != "" {
+		if _, err := o.adm.CreateTopic(ctx, int32(o.partitions), 1, nil, repart); err != nil {
+			return peerResult{}, fmt.Errorf("creating %s: %w", repart, err)
+		}
 	}
 	dir, err := os.MkdirTemp("", "kdedup-bench-"+system+"-")
 	if err != nil {
@@ -154,7 +275,7 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 		profile  string // with -cpu-profile, kdedup's: file-<system>-<delivery>-<round>
 	)
 	switch system {
-	case peerKdedup:
+	case peerKdedup, peerKdedupLocal:
 		if o.cpuProfile != "" {
 			if httpAddr, err = harness.FreeAddr(); err != nil {
 				return peerResult{}, err
@@ -166,6 +287,12 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 			"KDEDUP_GROUP="+group, "KDEDUP_DATA_DIR="+dir, "KDEDUP_HTTP_ADDR="+httpAddr, "KDEDUP_LOG_FORMAT=text",
 			"KDEDUP_LOG_LEVEL=warn", "KDEDUP_DELIVERY="+delivery, "KDEDUP_WINDOW="+o.window.String(),
 			fmt.Sprintf("KDEDUP_PPROF=%t", profile != ""))
+		if o.repartition {
+			cmd.Env = append(cmd.Env, "KDEDUP_KEY="+scenario.SpreadKey)
+		}
+		if repart != "" {
+			cmd.Env = append(cmd.Env, "KDEDUP_REPARTITION_TOPIC="+repart)
+		}
 	case peerPassthrough:
 		cmd = exec.Command(exe, "peers", "-passthrough-child", "-brokers", o.brokers[0], "-group", group, "-out", out, "-delivery", delivery)
 	case peerKStreams:
@@ -173,9 +300,12 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 		cmd = exec.Command(javaBin(), "-Xmx"+o.kstreamsHeap, "-jar", jar, "--bootstrap="+o.brokers[0], "--input=events",
 			"--output="+out, "--application-id="+group, "--state-dir="+dir, "--guarantee="+guarantee,
 			fmt.Sprintf("--window-ms=%d", o.window.Milliseconds()), fmt.Sprintf("--threads=%d", o.kstreamsThreads))
+		if o.repartition {
+			cmd.Args = append(cmd.Args, "--repartition-json-field="+spreadField)
+		}
 	}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	res := peerResult{round: round, delivery: delivery, system: system, load: loadAvg(), modelRecs: model.Stats.Forwarded}
+	res := peerResult{round: round, delivery: delivery, system: system, load: loadAvg()}
 	fmt.Fprintf(stdout, "round %d, %s: %s (group %s), load average %s ...\n", round, delivery, system, group, res.load)
 
 	start := time.Now()
@@ -207,6 +337,10 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 		}()
 	}
 	res.steady, err = waitGroup(wctx, o, group, start, stdout)
+	if err == nil && repart != "" {
+		// Decided once the second stage has read the whole hop too.
+		err = scenario.WaitDecided(wctx, o.brokers, group, repart)
+	}
 	if err == nil && profiled != nil {
 		if err = <-profiled; err == nil {
 			fmt.Fprintf(stdout, "  %s: CPU profile of its first %s after its group join in %s\n", system, o.profileTime, profile)
@@ -247,24 +381,15 @@ func runPeer(ctx context.Context, o benchOptions, exe, jar, system, delivery str
 		return peerResult{}, err
 	}
 	res.outputRecords = len(got)
-	observed := scenario.Observe(got)
-	if d := scenario.Diff(model, observed, 3); len(d) == 0 {
-		res.output = "exact"
-	} else {
-		missing, extra := scenario.Missing(model, observed, 1<<30)
-		// kdedup's filter is probabilistic: a false positive drops a
-		// record whose key is new, so a few missing records are expected
-		// (about the false-positive rate times the keys it has seen).
-		res.output = fmt.Sprintf("differs: %d missing (%.1e of %d), %d extra", len(missing), float64(len(missing))/float64(model.Stats.Forwarded), model.Stats.Forwarded, extra)
-		for _, line := range d {
-			fmt.Fprintf(stdout, "  %s\n", line)
-		}
-	}
-	fmt.Fprintf(stdout, "  %s: %d records in %s: %.0f records/s (steady %.0f); CPU %s; peak RSS %d MiB; wrote %d MiB to disk; state %d MiB, changelog %d MiB at the end; output %d records (model %d): %s\n",
+	res.output = check(got)
+	fmt.Fprintf(stdout, "  %s: %d records in %s: %.0f records/s (steady %.0f); CPU %s; peak RSS %d MiB; wrote %d MiB to disk; state %d MiB, changelog %d MiB at the end; output %d records: %s\n",
 		system, o.records, res.elapsed.Round(time.Millisecond), float64(o.records)/res.elapsed.Seconds(), res.steady,
-		res.cpu.Round(time.Millisecond), res.peakRSS>>20, res.written>>20, res.state>>20, res.changelog>>20, res.outputRecords, res.modelRecs, res.output)
+		res.cpu.Round(time.Millisecond), res.peakRSS>>20, res.written>>20, res.state>>20, res.changelog>>20, res.outputRecords, res.output)
 
 	topics := []string{out}
+	if repart != "" {
+		topics = append(topics, repart)
+	}
 	if lc, err := o.adm.ListTopics(ctx); err == nil {
 		for _, t := range lc.Names() {
 			if strings.HasPrefix(t, group+"-") && strings.HasSuffix(t, "-changelog") {

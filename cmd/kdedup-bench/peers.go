@@ -66,6 +66,7 @@ func peersCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&o.broker, "broker", "kfake", "kfake: worker and passthrough on an in-process broker; apache: kdedup, the passthrough and a Kafka Streams deduplicator, each as its own process, on one Apache Kafka broker (needs Java 17 and Maven; see BENCHMARKS.md)")
 	peers := fs.String("peers", "kdedup,passthrough,kstreams", "with -broker apache: the systems to run, in the first step's order (kdedup, passthrough, kstreams)")
 	deliveries := fs.String("delivery", "at-least-once,exactly-once", "with -broker apache: the delivery modes to run each system in")
+	fs.BoolVar(&o.repartition, "repartition", false, "with -broker apache: the spread stream (events keyed by a JSON field, sent by producers that partition them apart), deduplicated across partitions: kdedup through KDEDUP_REPARTITION_TOPIC, Kafka Streams with selectKey on the field, repartition() and its dedup processor; add kdedup-local to -peers for kdedup without the hop (within each partition)")
 	fs.DurationVar(&o.window, "window", 0, "with -broker apache: KDEDUP_WINDOW of kdedup and the Kafka Streams window store's retention (0: a key-value store, no window)")
 	fs.StringVar(&o.kstreamsDir, "kstreams-dir", "bench/kstreams-peer", "with -broker apache: the Maven module of the Kafka Streams deduplicator, built with mvn -q -B package")
 	fs.StringVar(&o.kstreamsHeap, "kstreams-heap", "512m", "with -broker apache: the Kafka Streams JVM's -Xmx")
@@ -188,6 +189,7 @@ type benchOptions struct {
 	peers, deliveries                 []string
 	window                            time.Duration
 	kstreamsThreads                   int
+	repartition                       bool // -repartition
 }
 
 // kdedupBinary returns the kdedup binary the worker processes run: path

@@ -37,6 +37,12 @@ func runSpreadDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer)
 		if !repartition {
 			fmt.Fprintf(stdout, "within each partition: %d records forwarded, %d of them copies of an event forwarded already (escaped duplicates) in %s\n",
 				len(out), extra, elapsed.Round(time.Millisecond))
+			if within, _ := scenario.SpreadCheckWithin(recs, out, true, 5); len(within) > 0 {
+				for _, p := range within {
+					fmt.Fprintln(stdout, "  differs:", p)
+				}
+				return errors.New("demo: output within each partition differs from its exact model")
+			}
 			continue
 		}
 		fmt.Fprintf(stdout, "through a repartition topic (%d partitions): %d records forwarded in %s, %.0f records/s\n",

@@ -1,7 +1,9 @@
 package scenario
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,5 +160,86 @@ func TestExpectWith(t *testing.T) {
 				t.Errorf("the model changed the input record's headers: %v", recs[2].Headers)
 			}
 		})
+	}
+}
+
+// TestSpreadCheck: the spread stream's checks accept the exact outputs
+// (one copy of each event, or one per partition holding one) and name
+// each kind of departure: an event missing or forwarded twice, a record
+// that is none of the event's copies, a record without event id missing
+// or extra.
+func TestSpreadCheck(t *testing.T) {
+	in := GenerateSpread(SpreadOptions{Events: 300, Seed: 3, Partitions: 3})
+	if SpreadPartitions(in) == 0 {
+		t.Fatal("no event has copies in two partitions")
+	}
+	first := map[string]bool{}
+	firstIn := map[string]bool{} // partition/id
+	var across, within []*kgo.Record
+	for _, r := range in {
+		id, ok := SpreadEventID(r)
+		if !ok {
+			across, within = append(across, r), append(within, r)
+			continue
+		}
+		if !first[id] {
+			first[id] = true
+			across = append(across, r)
+		}
+		if k := fmt.Sprintf("%d/%s", r.Partition, id); !firstIn[k] {
+			firstIn[k] = true
+			within = append(within, r)
+		}
+	}
+	if p, extra := SpreadCheck(in, across, true, 5); len(p) > 0 || extra != 0 {
+		t.Fatalf("the exact output across partitions: %v, %d extra", p, extra)
+	}
+	if p, extra := SpreadCheckWithin(in, within, true, 5); len(p) > 0 || extra != 0 {
+		t.Fatalf("the exact output within partitions: %v, %d extra", p, extra)
+	}
+	if p, _ := SpreadCheck(in, within, true, 5); len(p) == 0 {
+		t.Fatal("the output within partitions passes the check across them")
+	}
+	var keyed, noID *kgo.Record
+	for _, r := range across {
+		if _, ok := SpreadEventID(r); ok && keyed == nil {
+			keyed = r
+		} else if !ok && noID == nil {
+			noID = r
+		}
+	}
+	if noID == nil {
+		t.Fatal("the stream has no record without event id")
+	}
+	changed := *keyed
+	changed.Key = []byte("someone-else")
+	without := func(x *kgo.Record) []*kgo.Record {
+		var out []*kgo.Record
+		for _, r := range across {
+			if r != x {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name  string
+		out   []*kgo.Record
+		want  string
+		extra int
+	}{
+		{"event missing", without(keyed), "forwarded 0 times, want 1", 0},
+		{"event twice", append(slices.Clone(across), keyed), "forwarded 2 times, want 1", 1},
+		{"not a copy", append(without(keyed), &changed), "none of its copies", 0},
+		{"record without id missing", without(noID), "without event id not forwarded", 0},
+		{"record without id twice", append(slices.Clone(across), noID), "more often than sent", 1},
+	} {
+		p, extra := SpreadCheck(in, c.out, true, 5)
+		if len(p) == 0 || !strings.Contains(p[0], c.want) || extra != c.extra {
+			t.Errorf("%s: problems %v, %d extra; want %q first, %d extra", c.name, p, extra, c.want, c.extra)
+		}
+		if p, _ := SpreadCheck(in, c.out, false, 5); c.extra > 0 && len(p) > 0 {
+			t.Errorf("%s: at least once, a repeat is a problem: %v", c.name, p)
+		}
 	}
 }

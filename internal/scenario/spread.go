@@ -144,12 +144,24 @@ func WholeSignature(r *kgo.Record) string {
 // once), only a missing event or record, or a record that is no copy,
 // is; the repeats are counted in extra. It lists at most limit problems.
 func SpreadCheck(in, out []*kgo.Record, exact bool, limit int) (problems []string, extra int) {
+	return spreadCheck(in, out, exact, false, limit)
+}
+
+// SpreadCheckWithin is SpreadCheck for a deduplication by event id within
+// each partition of in: each event is forwarded once per input partition
+// holding a copy of it.
+func SpreadCheckWithin(in, out []*kgo.Record, exact bool, limit int) (problems []string, extra int) {
+	return spreadCheck(in, out, exact, true, limit)
+}
+
+func spreadCheck(in, out []*kgo.Record, exact, within bool, limit int) (problems []string, extra int) {
 	add := func(format string, args ...any) {
 		if len(problems) < limit {
 			problems = append(problems, fmt.Sprintf(format, args...))
 		}
 	}
 	copies := map[string]map[string]bool{} // event id -> whole signatures of its copies
+	parts := map[string]map[int32]bool{}   // event id -> input partitions holding a copy
 	noID := map[string]int{}
 	for _, r := range in {
 		id, ok := SpreadEventID(r)
@@ -158,9 +170,10 @@ func SpreadCheck(in, out []*kgo.Record, exact bool, limit int) (problems []strin
 			continue
 		}
 		if copies[id] == nil {
-			copies[id] = map[string]bool{}
+			copies[id], parts[id] = map[string]bool{}, map[int32]bool{}
 		}
 		copies[id][WholeSignature(r)] = true
+		parts[id][r.Partition] = true
 	}
 	got := map[string][]string{}
 	for _, r := range out {
@@ -187,14 +200,18 @@ func SpreadCheck(in, out []*kgo.Record, exact bool, limit int) (problems []strin
 	for _, id := range ids {
 		g := got[id]
 		delete(got, id)
+		want := 1
+		if within {
+			want = len(parts[id])
+		}
 		switch {
-		case len(g) == 0:
-			add("event %s: not forwarded", id)
+		case len(g) < want:
+			add("event %s: forwarded %d times, want %d", id, len(g), want)
 			continue
-		case len(g) > 1:
-			extra += len(g) - 1
+		case len(g) > want:
+			extra += len(g) - want
 			if exact {
-				add("event %s: forwarded %d times", id, len(g))
+				add("event %s: forwarded %d times, want %d", id, len(g), want)
 			}
 		}
 		for _, s := range g {
