@@ -18,6 +18,8 @@ func TestBenchPeersFlags(t *testing.T) {
 		{"-broker", "redpanda"},
 		{"-broker", "apache", "-peers", "kdedup,flink"},
 		{"-broker", "apache", "-delivery", "at-most-once"},
+		{"-broker", "apache", "-peers", "kdedup,kdedup-local"},
+		{"-broker", "apache", "-repartition", "-window", "1m"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			var out bytes.Buffer
@@ -32,8 +34,11 @@ func TestBenchPeersFlags(t *testing.T) {
 // Kafka Streams deduplicator builds with Maven, and kdedup, the passthrough
 // and the Kafka Streams deduplicator, each in both delivery modes, produce
 // exactly their model (the deduplicated stream; every record for the
-// passthrough). It starts Apache Kafka and a JVM, so it runs only with
-// KDEDUP_TEST_KAFKA=apache.
+// passthrough). With -repartition, on the spread stream, kdedup through its
+// repartition topic and Kafka Streams through selectKey and repartition()
+// forward each event once in its original form, and kdedup-local once per
+// partition holding a copy. It starts Apache Kafka and a JVM, so it runs
+// only with KDEDUP_TEST_KAFKA=apache.
 func TestBenchPeers(t *testing.T) {
 	if os.Getenv("KDEDUP_TEST_KAFKA") != "apache" {
 		t.Skip("starts Apache Kafka and the Kafka Streams peer (Java 17 and Maven): set KDEDUP_TEST_KAFKA=apache")
@@ -48,29 +53,41 @@ func TestBenchPeers(t *testing.T) {
 			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 		}
 	}
-	cmd := exec.Command(bench, "peers", "-broker", "apache", "-records", "4000", "-partitions", "2", "-kstreams-dir", "../../bench/kstreams-peer", "-kdedup", kdedup)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("kdedup-bench peers: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
-	}
-	rows := map[string]string{}
-	for line := range strings.Lines(string(out)) {
-		cells := strings.Split(line, "|")
-		if len(cells) < 14 || strings.TrimSpace(cells[1]) != "1" {
-			continue
-		}
-		rows[strings.TrimSpace(cells[2])+" "+strings.TrimSpace(cells[3])] = strings.TrimSpace(cells[12])
-	}
-	for _, delivery := range []string{"at-least-once", "exactly-once"} {
-		for _, system := range []string{peerKdedup, peerPassthrough, peerKStreams} {
-			if got := rows[delivery+" "+system]; got != "exact" {
-				t.Errorf("%s %s: output %q, want exact", delivery, system, got)
+	for _, c := range []struct {
+		name    string
+		args    []string
+		systems []string
+	}{
+		{"dedup by record key", nil, []string{peerKdedup, peerPassthrough, peerKStreams}},
+		{"repartition", []string{"-repartition", "-peers", "kdedup,kdedup-local,kstreams"}, []string{peerKdedup, peerKdedupLocal, peerKStreams}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := append([]string{"peers", "-broker", "apache", "-records", "4000", "-partitions", "2", "-kstreams-dir", "../../bench/kstreams-peer", "-kdedup", kdedup}, c.args...)
+			cmd := exec.Command(bench, args...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("kdedup-bench peers: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
 			}
-		}
-	}
-	if t.Failed() || len(rows) != 6 {
-		t.Fatalf("rows %v; output:\n%s", rows, out)
+			rows := map[string]string{}
+			for line := range strings.Lines(string(out)) {
+				cells := strings.Split(line, "|")
+				if len(cells) < 14 || strings.TrimSpace(cells[1]) != "1" {
+					continue
+				}
+				rows[strings.TrimSpace(cells[2])+" "+strings.TrimSpace(cells[3])] = strings.TrimSpace(cells[12])
+			}
+			for _, delivery := range []string{"at-least-once", "exactly-once"} {
+				for _, system := range c.systems {
+					if got := rows[delivery+" "+system]; got != "exact" {
+						t.Errorf("%s %s: output %q, want exact", delivery, system, got)
+					}
+				}
+			}
+			if t.Failed() || len(rows) != 2*len(c.systems) {
+				t.Fatalf("rows %v; output:\n%s", rows, out)
+			}
+		})
 	}
 }
