@@ -99,5 +99,10 @@
 //     or a snapshot of another.
 //   - forward.go: producing forwarded records without an allocation each
 //     (pooled records and delivery promises).
+//   - repartition.go: with Options.RepartitionTopic, the two stages of one
+//     group: input partitions without state whose records are produced to
+//     the repartition topic keyed by their dedup key (route), and the
+//     repartition topic's partitions, deduplicated as input partitions are,
+//     each record given its original key and headers back first.
 //   - metrics.go: the worker's metrics and its per-partition collector.
 package consumer
