@@ -93,6 +93,7 @@ kafka:
   outputTopic: out
   duplicatesTopic: dropped
   deadLetterTopic: dead
+  repartitionTopic: by-key
   maxRecordBytes: 2MiB
   maxDecompressBytes: 128MiB
   group: grp
@@ -213,6 +214,7 @@ var allValuesEnv = map[string]string{
 	"KDEDUP_SHUTDOWN_TIMEOUT":     "100s",
 	"KDEDUP_LIVENESS_TIMEOUT":     "4m",
 	"KDEDUP_DEAD_LETTER_TOPIC":    "dead",
+	"KDEDUP_REPARTITION_TOPIC":    "by-key",
 	"KDEDUP_MAX_RECORD_BYTES":     "2MiB",
 	"KDEDUP_MAX_DECOMPRESS_BYTES": "128MiB",
 }
