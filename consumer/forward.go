@@ -25,11 +25,19 @@ import (
 // one produced may put it back.
 var outputs = sync.Pool{New: func() any { return new(kgo.Record) }}
 
-// releaseOutput puts out back into outputs if it is a forwarded record.
+// releaseOutput puts out back into outputs if it is a forwarded record,
+// or into rekeyedRecords, with its emptied header slice, if it was
+// produced to the repartition topic (only rekeyed makes those).
 func (w *Worker) releaseOutput(out *kgo.Record) {
-	if out.Topic == w.opts.OutputTopic {
+	switch out.Topic {
+	case w.opts.OutputTopic:
 		*out = kgo.Record{}
 		outputs.Put(out)
+	case w.opts.RepartitionTopic:
+		h := out.Headers
+		clear(h) // no pooled record keeps an input record's bytes alive
+		*out = kgo.Record{Headers: h[:0]}
+		rekeyedRecords.Put(out)
 	}
 }
 

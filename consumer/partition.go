@@ -28,6 +28,10 @@ type partitionWorker struct {
 	prod      producer    // cl, producing at least once (produce)
 	topic     string
 	partition int32
+	// sourcePrefix is "topic/partition/" of HeaderOriginalSource, made
+	// by rekeyed at its first record (the repartition stage only, on the
+	// loop's goroutine).
+	sourcePrefix []byte
 
 	// owned says who owns dedup and the decision fields below now: read
 	// it through owner. Bits ownedPlanned and ownedReplaying.
@@ -257,9 +261,7 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 		pw.route(recs, produce)
 		return
 	}
-	if pw.restoresOriginals() {
-		restoreOriginals(recs)
-	}
+	restore := pw.restoresOriginals()
 	dups := pw.w.opts.DuplicatesTopic
 	if err := pw.dedup.Prefetch(recs); err != nil {
 		pw.fail(err)
@@ -279,6 +281,9 @@ func (pw *partitionWorker) process(recs []*kgo.Record, produce func(in, out *kgo
 		if err != nil {
 			pw.fail(err)
 			return
+		}
+		if restore {
+			restoreOriginal(r) // keyed by its record key (OpenRouted), forwarded as it was read
 		}
 		if d == dedup.Unkeyed {
 			pw.w.log.Debug("record cannot be keyed; forwarded unchanged", "topic", pw.topic, "partition", pw.partition, "offset", r.Offset, "reason", pw.dedup.LastKeyError())

@@ -25,13 +25,20 @@ func (w *Worker) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 	cl.ResumeFetchPartitions(assigned)
 	for topic, partitions := range assigned {
 		for _, p := range partitions {
-			var d *dedup.Deduplicator
-			if !w.opts.routes(topic) { // the repartition stage keeps no state
-				var err error
-				if d, err = w.opts.Dedup.Open(topic, p); err != nil {
-					w.fail(err)
-					continue
-				}
+			var (
+				d   *dedup.Deduplicator
+				err error
+			)
+			switch {
+			case w.opts.routes(topic): // the repartition stage keeps no state
+			case topic == w.opts.RepartitionTopic: // keyed by the repartition stage
+				d, err = w.opts.Dedup.OpenRouted(topic, p)
+			default:
+				d, err = w.opts.Dedup.Open(topic, p)
+			}
+			if err != nil {
+				w.fail(err)
+				continue
 			}
 			pw := newPartition(w, cl, topic, p, d)
 			pw.plan.awaiting.Store(true)

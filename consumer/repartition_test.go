@@ -16,7 +16,7 @@ import (
 // as it is.
 func TestRekeyedRestoresTheOriginal(t *testing.T) {
 	w := &Worker{opts: Options{RepartitionTopic: "repartition"}}
-	pw := &partitionWorker{w: w}
+	pw := &partitionWorker{w: w, topic: "in", partition: 3}
 	ts := time.UnixMilli(1_767_225_600_123)
 	for _, key := range [][]byte{nil, {}, []byte("user-7")} {
 		for _, hdrs := range [][]kgo.RecordHeader{
@@ -53,6 +53,12 @@ func TestRekeyedRestoresTheOriginal(t *testing.T) {
 				}
 				if back.Topic != "repartition" || back.Partition != 1 || back.Offset != 9 {
 					t.Errorf("%s: restoring moved the record to %s/%d/%d", name, back.Topic, back.Partition, back.Offset)
+				}
+				// Produced: back to the pool, and the next record rekeyed
+				// reuses its header slice, emptied.
+				w.releaseOutput(out)
+				if out.Topic != "" || len(out.Headers) != 0 || slices.ContainsFunc(out.Headers[:cap(out.Headers)], func(h kgo.RecordHeader) bool { return h.Value != nil }) {
+					t.Fatalf("%s: a released record keeps %+v", name, out)
 				}
 			}
 		}

@@ -263,11 +263,7 @@ func (pw *partitionWorker) replayRange(ctx context.Context, from, until int64, p
 				w.log.Warn("restore fetch error", "topic", pw.topic, "partition", pw.partition, "err", err)
 			}
 		})
-		recs := fetches.Records()
-		if pw.restoresOriginals() {
-			restoreOriginals(recs) // keyed as the group client's records are (process)
-		}
-		rerr = pw.dedup.Prefetch(recs)
+		rerr = pw.dedup.Prefetch(fetches.Records())
 		fetches.EachRecord(func(r *kgo.Record) {
 			if done || rerr != nil || r.Offset < cp.Offset {
 				return

@@ -37,6 +37,18 @@ const (
 type Key struct {
 	kind keyKind
 	arg  string // header name or JSON path
+	// routed: the records' keys were derived already and carried as
+	// their record keys (Routed).
+	routed bool
+}
+
+// Routed returns k for records whose dedup key k derived before and
+// carried as their record key, as a repartition topic's records are
+// (package consumer): Of returns the record key, and String is k's spec,
+// so that the state keeps the spec its keys were derived by.
+func (k Key) Routed() Key {
+	k.routed = true
+	return k
 }
 
 type keyKind uint8
@@ -79,12 +91,16 @@ func (k Key) String() string {
 	return "key"
 }
 
-// Of returns r's dedup key, or an error wrapping ErrNoKey that says why
-// there is none. A null or empty key, header value or JSON value is no key:
+// Of returns r's dedup key (its record key when k is Routed), or an error
+// wrapping ErrNoKey that says why there is none. A null or empty key, header value or JSON value is no key:
 // deduplicating every keyless record against each other would drop all but
 // the first. The returned slice may alias the record; do not modify it.
 func (k Key) Of(r *kgo.Record) ([]byte, error) {
-	switch k.kind {
+	kind := k.kind
+	if k.routed {
+		kind = keyRecord
+	}
+	switch kind {
 	case keyHeader:
 		for _, h := range r.Headers {
 			if h.Key == k.arg {

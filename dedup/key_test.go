@@ -343,3 +343,25 @@ func TestJSONDepthAtMost(t *testing.T) {
 		}
 	}
 }
+
+// TestRoutedKey: a routed key reads the record key, whatever its spec,
+// and prints as its spec, which the state stores.
+func TestRoutedKey(t *testing.T) {
+	for _, spec := range []string{"key", "header:id", "json:event_id"} {
+		k, err := ParseKey(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := k.Routed()
+		if r.String() != k.String() {
+			t.Errorf("%s: routed prints as %q", spec, r.String())
+		}
+		rec := &kgo.Record{Key: []byte("ev-1"), Value: []byte(`{"event_id":"other"}`), Headers: []kgo.RecordHeader{{Key: "id", Value: []byte("other")}}}
+		if got, err := r.Of(rec); err != nil || string(got) != "ev-1" {
+			t.Errorf("%s: routed key of a record keyed ev-1: %q, %v", spec, got, err)
+		}
+		if _, err := r.Of(&kgo.Record{Value: rec.Value, Headers: rec.Headers}); !errors.Is(err, ErrNoKey) {
+			t.Errorf("%s: routed key of a record without key: %v, want ErrNoKey", spec, err)
+		}
+	}
+}

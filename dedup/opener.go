@@ -48,6 +48,16 @@ func (o *Opener) Open(topic string, partition int32) (*Deduplicator, error) {
 	return Open(o.db, topic, partition, o.opts, o.m)
 }
 
+// OpenRouted opens the state of topic/partition as Open does, for records
+// whose dedup key Options.Key derived before and carried as their record
+// key (Key.Routed): a repartition topic's. The state's parameters, key
+// spec included, are those of Open.
+func (o *Opener) OpenRouted(topic string, partition int32) (*Deduplicator, error) {
+	opts := o.opts
+	opts.Key = opts.Key.Routed()
+	return Open(o.db, topic, partition, opts, o.m)
+}
+
 // StateParams returns the parameters a state under o is written with and
 // refused for when they differ (Open): the filter parameters with the key
 // spec, after defaults. Workers of one consumer group share partitions and

@@ -141,6 +141,8 @@ public final class DedupPeer {
     static final String REPARTITION = "by-dedup-key";
     static final String ORIGINAL_KEY = "peer-original-key";
     static final String ORIGINAL_NULL_KEY = "peer-original-key-null";
+    /** Marks a record without the field: repartition() drops records with a null key, so it travels under a key of its own. */
+    static final String UNKEYED = "peer-unkeyed";
 
     static Topology repartitionTopology(String input, String output, String field) {
         StreamsBuilder b = new StreamsBuilder();
@@ -187,6 +189,16 @@ public final class DedupPeer {
             } else {
                 h.add(ORIGINAL_NULL_KEY, new byte[0]);
             }
+            if (key == null) {
+                // Kafka Streams' repartition() filters out null keys: a
+                // record without the field gets a key no event has (its
+                // position), so it is spread and forwarded, not dropped.
+                h.add(UNKEYED, new byte[0]);
+                key = ctx.recordMetadata()
+                        .map(m -> "\u0000" + m.partition() + "/" + m.offset())
+                        .orElse("\u0000" + System.nanoTime())
+                        .getBytes(StandardCharsets.UTF_8);
+            }
             ctx.forward(r.withKey(key).withHeaders(h));
         }
     }
@@ -204,7 +216,7 @@ public final class DedupPeer {
 
         @Override
         public void process(Record<byte[], byte[]> r) {
-            if (r.key() != null) {
+            if (r.headers().lastHeader(UNKEYED) == null) {
                 Bytes k = Bytes.wrap(r.key());
                 if (r.value() == null) {
                     seen.delete(k);
@@ -218,6 +230,7 @@ public final class DedupPeer {
             Header orig = h.lastHeader(ORIGINAL_KEY);
             h.remove(ORIGINAL_KEY);
             h.remove(ORIGINAL_NULL_KEY);
+            h.remove(UNKEYED);
             ctx.forward(r.withKey(orig == null ? null : orig.value()).withHeaders(h));
         }
     }
