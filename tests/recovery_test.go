@@ -20,7 +20,7 @@ import (
 )
 
 // TestCrashLoop runs three worker processes in one group over 6 partitions
-// while input keeps arriving, and for 20 rounds SIGKILLs one of them (no
+// while input keeps arriving, and for 12 rounds SIGKILLs one of them (no
 // final write batch, no commit, no leave), deleting its data directory in
 // about a third of the rounds, and restarts it. Exactly once, the
 // read_committed output must equal the exact model; at least once nothing
@@ -45,7 +45,7 @@ func TestCrashLoop(t *testing.T) {
 		budget := p.newRepeatBudget(t, chunk)
 		f := p.feed(t, recs, chunk, pause)
 		rng := rand.New(rand.NewPCG(uint64(len(delivery)), 9))
-		const rounds = 20
+		const rounds = 12
 		kills, wipes := 0, 0
 		for range rounds {
 			// Kill only once the group is stable with all three members

@@ -227,7 +227,7 @@ func incompressible(n int) string {
 // TestRepartitionCrashLoop is TestCrashLoop through a repartition topic:
 // three worker processes in one group own partitions of both stages (the
 // input and the repartition topic) while events keyed by a JSON field
-// arrive spread over the input's partitions, and for 8 rounds one of them
+// arrive spread over the input's partitions, and for 6 rounds one of them
 // is SIGKILLed, its data directory deleted in about a third of the
 // rounds, and restarted. Exactly once, each event is forwarded once as one
 // of its copies; at least once nothing is missing, and the repeats stay
@@ -250,7 +250,7 @@ func TestRepartitionCrashLoop(t *testing.T) {
 		budget := p.newRepeatBudget(t, chunk)
 		f := p.feed(t, recs, chunk, pause)
 		rng := rand.New(rand.NewPCG(uint64(len(delivery)), 24))
-		const rounds = 8
+		const rounds = 6
 		kills, wipes := 0, 0
 		for range rounds {
 			for _, pr := range procs {

@@ -203,7 +203,15 @@ func produceSpread(ctx context.Context, o *benchOptions, topic string, stdout io
 		for _, p := range problems[:min(3, len(problems))] {
 			fmt.Fprintf(stdout, "  %s\n", p)
 		}
-		return fmt.Sprintf("differs: %d problems, %d extra", len(problems), extra)
+		// A false positive of kdedup's filter drops an event whose id is
+		// new: expected, about the false-positive rate times the events.
+		missing := 0
+		for _, p := range problems {
+			if strings.Contains(p, "forwarded 0 times") {
+				missing++
+			}
+		}
+		return fmt.Sprintf("differs: %d events missing, %d other problems, %d extra", missing, len(problems)-missing, extra)
 	}
 	every := map[string]int{}
 	for _, r := range recs {

@@ -36,9 +36,8 @@ func TestBenchPeersFlags(t *testing.T) {
 // exactly their model (the deduplicated stream; every record for the
 // passthrough). With -repartition, on the spread stream, kdedup through its
 // repartition topic and Kafka Streams through selectKey and repartition()
-// forward each event once in its original form, and kdedup-local once per
-// partition holding a copy. It starts Apache Kafka and a JVM, so it runs
-// only with KDEDUP_TEST_KAFKA=apache.
+// forward each event once in its original form. It starts Apache Kafka and
+// a JVM, so it runs only with KDEDUP_TEST_KAFKA=apache.
 func TestBenchPeers(t *testing.T) {
 	if os.Getenv("KDEDUP_TEST_KAFKA") != "apache" {
 		t.Skip("starts Apache Kafka and the Kafka Streams peer (Java 17 and Maven): set KDEDUP_TEST_KAFKA=apache")
@@ -59,7 +58,7 @@ func TestBenchPeers(t *testing.T) {
 		systems []string
 	}{
 		{"dedup by record key", nil, []string{peerKdedup, peerPassthrough, peerKStreams}},
-		{"repartition", []string{"-repartition", "-peers", "kdedup,kdedup-local,kstreams"}, []string{peerKdedup, peerKdedupLocal, peerKStreams}},
+		{"repartition", []string{"-repartition", "-peers", "kdedup,kstreams"}, []string{peerKdedup, peerKStreams}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			args := append([]string{"peers", "-broker", "apache", "-records", "4000", "-partitions", "2", "-kstreams-dir", "../../bench/kstreams-peer", "-kdedup", kdedup}, c.args...)
