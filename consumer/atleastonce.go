@@ -267,6 +267,7 @@ func (pw *partitionWorker) retryRejected() error {
 			}
 		}
 		if err == nil {
+			pw.w.countAcknowledged(x.out, nil)
 			continue
 		}
 		pw.w.m.produceErrors.Inc()
@@ -281,7 +282,7 @@ func (pw *partitionWorker) retryRejected() error {
 			"target", x.out.Topic, "reason", reason, "err", err, "dead_letter_topic", pw.w.opts.DeadLetterTopic)
 		dl := pw.w.deadLetterRecord(x.in, x.out.Topic, reason, err.Error())
 		err = pw.w.cl.ProduceSync(ctx, dl).FirstErr()
-		pw.w.countDeadLetter(dl, err)
+		pw.w.countAcknowledged(dl, err)
 		if err != nil {
 			return pw.w.produceError(x.in, dl, err)
 		}

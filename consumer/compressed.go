@@ -102,7 +102,11 @@ func (w *Worker) fitsCompressed(out *kgo.Record, size, limit int) (fits bool, de
 func (w *Worker) producerBatchMaxBytes(topic string) int32 {
 	limit := producerBatchMaxBytes(w.maxRecordBytes(topic))
 	if topic != "" && w.batchesRaised.Load() {
-		return max(limit, producerBatchMaxBytes(largeBatchMaxBytes))
+		limit = max(limit, producerBatchMaxBytes(largeBatchMaxBytes))
+	}
+	if topic != "" && topic == w.opts.RepartitionTopic {
+		// Never a batch the dedup stage may not decompress.
+		limit = min(limit, producerBatchMaxBytes(w.opts.MaxDecompressBytes))
 	}
 	return limit
 }
@@ -164,7 +168,9 @@ func (pw *partitionWorker) produceLarge(in, out *kgo.Record) {
 		"topic", in.Topic, "partition", in.Partition, "offset", in.Offset, "target", out.Topic)
 	// Not the worker's context: a decided record must be delivered (or
 	// fail) before the write batch that covers it, even at shutdown.
-	if err := pw.w.produceAlone(context.Background(), out); err != nil {
+	err := pw.w.produceAlone(context.Background(), out)
+	pw.w.countAcknowledged(out, err)
+	if err != nil {
 		pw.w.m.produceErrors.Inc()
 		pw.produceFailed(in, out, err)
 	}

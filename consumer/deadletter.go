@@ -259,9 +259,14 @@ func (w *Worker) deadLetterRecord(in *kgo.Record, target, reason, detail string)
 	return build(nil, nil, nil, "key,value,headers")
 }
 
-// countDeadLetter wraps a produce promise: a dead letter is counted once
-// acknowledged.
-func (w *Worker) countDeadLetter(out *kgo.Record, err error) {
+// countAcknowledged wraps a produce promise (and follows a synchronous
+// produce): a dead letter, and a record of the repartition topic, is
+// counted once acknowledged.
+func (w *Worker) countAcknowledged(out *kgo.Record, err error) {
+	if err == nil && out.Topic == w.opts.RepartitionTopic && w.opts.RepartitionTopic != "" {
+		w.m.repartitioned.Inc()
+		return
+	}
 	if err != nil || out.Topic != w.opts.DeadLetterTopic || w.opts.DeadLetterTopic == "" {
 		return
 	}

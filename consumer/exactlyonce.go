@@ -198,7 +198,13 @@ func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
 	// the partitions holding their share once the transaction's changes
 	// are applied.
 	if bound := w.opts.MaxDirtyPageBytes; bound > 0 {
-		ceiling := max(bound*3/2, int64(len(parts))*store.MinCutPages*pageBytes)
+		stateful := 0
+		for _, pw := range parts {
+			if !pw.stateless() {
+				stateful++
+			}
+		}
+		ceiling := max(bound*3/2, int64(stateful)*store.MinCutPages*pageBytes)
 		held := w.opts.Dedup.DirtyPageBytes() // dirty and staged, every partition's, replays included
 		n = min(n, (ceiling-held)/perStaged)
 	}

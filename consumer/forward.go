@@ -105,7 +105,7 @@ func (pw *partitionWorker) produce(in, out *kgo.Record) {
 
 // delivered records the outcome of producing out at least once.
 func (pw *partitionWorker) delivered(in, out *kgo.Record, err error) {
-	pw.w.countDeadLetter(out, err)
+	pw.w.countAcknowledged(out, err)
 	if err != nil {
 		pw.w.m.produceErrors.Inc()
 		pw.produceFailed(in, out, err)
@@ -135,7 +135,7 @@ func (t *txnProduce) produce(in, out *kgo.Record) {
 // delivered records the outcome of producing out in the transaction.
 func (t *txnProduce) delivered(in, out *kgo.Record, err error) {
 	w := t.w
-	w.countDeadLetter(out, err)
+	w.countAcknowledged(out, err)
 	if err == nil {
 		return
 	}

@@ -80,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, w *Worker) metrics {
 		foreignStates: f.NewCounterVec(prometheus.CounterOpts{Name: "kdedup_foreign_states_total",
 			Help: "Partition states found to belong to another topic ID or Kafka cluster than the partition's (a topic deleted and created again, another cluster or environment), by source: local (the data directory's state, moved aside into foreign-states/ and rebuilt) or snapshot (a snapshot not restored)."}, []string{"source"}),
 		repartitioned: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_records_repartitioned_total",
-			Help: "Input records the repartition stage handed to the repartition topic keyed by their dedup key (with a repartition topic; exactly once, those of an aborted transaction are counted again when read again)."}),
+			Help: "Records the repartition topic acknowledged: input records the repartition stage produced to it keyed by their dedup key (with a repartition topic; not the dead letters; exactly once, those of an aborted transaction are counted again when read again)."}),
 		beyondLogEnd: f.NewCounter(prometheus.CounterOpts{Name: "kdedup_checkpoints_beyond_log_end_total",
 			Help: "Partitions whose state of this topic had a checkpoint beyond the log end (the log was truncated): they kept their keys and resumed at the log end."}),
 	}

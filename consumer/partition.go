@@ -487,6 +487,10 @@ func (pw *partitionWorker) send(in, out *kgo.Record, produce func(in, out *kgo.R
 		return sent
 	}
 	size, limit := recordBatchBytes(out), pw.w.maxRecordBytes(out.Topic)
+	if out.Topic == pw.w.opts.RepartitionTopic && size > pw.w.opts.MaxDecompressBytes {
+		// The dedup stage would skip its batch unread (MaxDecompressBytes).
+		return pw.deadLetter(in, out.Topic, ReasonTooLarge, fmt.Sprintf("%d bytes, more than the %d a batch of the repartition topic may decompress to (KDEDUP_MAX_DECOMPRESS_BYTES)", size, pw.w.opts.MaxDecompressBytes), nil, produce)
+	}
 	if size <= limit {
 		produce(in, out)
 		return true

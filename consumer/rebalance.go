@@ -189,6 +189,10 @@ func (w *Worker) planStart(ctx context.Context, adm offsetAdmin, starts *kadm.Li
 			start, err := w.startEmpty(ctx, adm, seen, pw, o)
 			return start, nil, err
 		}
+		// Where it stands, exactly once also where an aborted first
+		// transaction rewinds it (endTxnSkips): never before the
+		// group's offset.
+		pw.setCheckpoint(store.Checkpoint{Offset: group, LeaderEpoch: o.EpochOffset().Epoch})
 		logStart, err := w.logStart(ctx, adm, starts, topic, p)
 		if err != nil {
 			w.log.Warn("cannot tell whether retention deleted records this partition has to repartition", "topic", topic, "partition", p, "err", err)

@@ -105,7 +105,6 @@ func (pw *partitionWorker) stateless() bool { return pw.dedup == nil }
 // partition of the repartition stage.
 func (pw *partitionWorker) route(recs []*kgo.Record, produce func(in, out *kgo.Record)) {
 	key := pw.w.opts.Dedup.Options().Key
-	n := 0
 	for _, r := range recs {
 		if r.Offset < pw.next.Offset {
 			continue // produced before a restart: the group's offset is past it
@@ -123,11 +122,9 @@ func (pw *partitionWorker) route(recs []*kgo.Record, produce func(in, out *kgo.R
 		if !pw.send(r, pw.rekeyed(r, k), produce) {
 			return // failed: nothing from r on is committed
 		}
-		n++
 		pw.next = store.Checkpoint{Offset: r.Offset + 1, LeaderEpoch: r.LeaderEpoch}
 		pw.decided++
 	}
-	pw.w.m.repartitioned.Add(float64(n))
 	pw.gauges.nextOffset.Store(pw.next.Offset)
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/consumer"
 	"github.com/kdedup/kdedup/internal/app"
 	"github.com/kdedup/kdedup/internal/scenario"
 )
@@ -229,7 +230,9 @@ func incompressible(n int) string {
 // input and the repartition topic) while events keyed by a JSON field
 // arrive spread over the input's partitions, and for 6 rounds one of them
 // is SIGKILLed, its data directory deleted in about a third of the
-// rounds, and restarted. Exactly once, each event is forwarded once as one
+// rounds (the partitions it takes back then restore from snapshots, taken
+// every second, and replay after them), and restarted. Exactly once, each
+// event is forwarded once as one
 // of its copies; at least once nothing is missing, and the repeats stay
 // within the README's bound per kill (a repeat of the repartition stage is
 // a duplicate the dedup stage drops).
@@ -240,6 +243,7 @@ func TestRepartitionCrashLoop(t *testing.T) {
 		p.withRepartitionTopic(t, 3)
 		p.manual = true
 		p.extraEnv = map[string]string{"KDEDUP_KEY": scenario.SpreadKey, "KDEDUP_LOG_LEVEL": "info"}
+		p.withSnapshots(t) // a wiped worker restores the repartition topic's partitions
 		recs := scenario.GenerateSpread(scenario.SpreadOptions{Events: 6000, Seed: 24, Partitions: p.partitions})
 		dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 		procs := make([]*process, len(dirs))
@@ -280,4 +284,105 @@ func TestRepartitionCrashLoop(t *testing.T) {
 			budget.require(t, extra)
 		}
 	})
+}
+
+// TestRepartitionSemantics: tombstones, the occurrence limit, the dedup
+// window with refresh (record time through the hop, records out of order)
+// and the duplicates topic behave through a repartition topic as they do
+// without one, over the records as the repartition topic holds them. The
+// worker stops gracefully halfway and the second half goes to a worker
+// whose data directory was wiped, which rebuilds the repartition topic's
+// partitions from their window by replay. The repartition topic holds each
+// input record once (its original key and headers in the two appended
+// headers, its timestamp kept); the output and the duplicates topic are
+// exactly the model's (internal/scenario) run over the repartition topic's
+// partitions in offset order, each record restored, in both delivery
+// modes.
+func TestRepartitionSemantics(t *testing.T) {
+	deliveries(t, func(t *testing.T, delivery string) {
+		p := newPipeline(t, 2)
+		p.delivery = delivery
+		p.withRepartitionTopic(t, 3)
+		p.withDuplicatesTopic(t, 2)
+		p.maxOcc = 2
+		p.window = scenario.ExpectOptions{Window: 6 * time.Second, Generations: 3, Refresh: true}
+		recs := windowStream(31)
+		for i, r := range recs {
+			r.Headers = []kgo.RecordHeader{{Key: "n", Value: strconv.AppendInt(nil, int64(i), 10)}}
+		}
+		half := len(recs) / 2
+		p.feed(t, recs[:half], half, 0).wait(t)
+		w := p.startWorker(t, t.TempDir())
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := scenario.WaitCaughtUp(ctx, p.b.admin(t), p.group, p.in); err != nil {
+			t.Fatal(err)
+		}
+		p.waitRepartitioned(t, ctx)
+		w.stop(t)
+		p.feed(t, recs[half:], len(recs)-half, 0).wait(t)
+		w = p.startWorker(t, t.TempDir()) // no local state: rebuilt by replay
+		_, _, out := p.outputRecords(t, recs)
+		replayed := w.metric(t, "kdedup_replayed_records_total")
+		w.stop(t)
+
+		hop, err := scenario.ReadAll(ctx, p.b.addrs, p.repart, p.b.conn...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range hop {
+			if !restoreRepartitioned(r) {
+				t.Fatalf("%s/%d/%d lacks the repartition headers: %+v", r.Topic, r.Partition, r.Offset, r.Headers)
+			}
+		}
+		sent := map[string]int{}
+		for _, r := range recs {
+			sent[scenario.WholeSignature(r)]++
+		}
+		for _, r := range hop {
+			s := scenario.WholeSignature(r)
+			if sent[s] == 0 {
+				t.Fatalf("the repartition topic holds %s, sent fewer times or never", s)
+			}
+			sent[s]--
+		}
+		if len(hop) != len(recs) {
+			t.Fatalf("the repartition topic holds %d records, want the %d sent, each once", len(hop), len(recs))
+		}
+		want, wantDropped := scenario.ExpectWith(hop, scenario.ExpectOptions{MaxOccurrences: p.maxOcc,
+			Window: p.window.Window, Generations: p.window.Generations, Refresh: p.window.Refresh})
+		requireExact(t, want, scenario.Observe(out))
+		_, _, dropped := p.dropped(t, recs)
+		if diffs := scenario.Diff(wantDropped, scenario.Observe(dropped), 10); len(diffs) > 0 {
+			for _, d := range diffs {
+				t.Error("duplicates topic:", d)
+			}
+			t.Fatalf("the duplicates topic differs from the model (%d records expected, %d read)", wantDropped.Stats.Forwarded, len(dropped))
+		}
+		if replayed == 0 {
+			t.Error("the second worker replayed nothing: the wiped state was not rebuilt")
+		}
+		t.Logf("%d records through the hop; output %d, dropped %d, as the model says; %.0f replayed by the rebuild", len(hop), len(out), len(dropped), replayed)
+	})
+}
+
+// restoreRepartitioned gives r, read from a repartition topic, the key and
+// headers it had before the hop (consumer.HeaderOriginalKey or
+// HeaderOriginalNullKey, then HeaderOriginalSource, removed); it reports
+// false for a record without them.
+func restoreRepartitioned(r *kgo.Record) bool {
+	n := len(r.Headers)
+	if n < 2 || r.Headers[n-1].Key != consumer.HeaderOriginalSource {
+		return false
+	}
+	switch h := r.Headers[n-2]; h.Key {
+	case consumer.HeaderOriginalKey:
+		r.Key = append([]byte{}, h.Value...)
+	case consumer.HeaderOriginalNullKey:
+		r.Key = nil
+	default:
+		return false
+	}
+	r.Headers = r.Headers[:n-2]
+	return true
 }
