@@ -102,7 +102,8 @@
 //   - repartition.go: with Options.RepartitionTopic, the two stages of one
 //     group: input partitions without state whose records are produced to
 //     the repartition topic keyed by their dedup key (route), and the
-//     repartition topic's partitions, deduplicated as input partitions are,
-//     each record given its original key and headers back first.
+//     repartition topic's partitions, deduplicated as input partitions are
+//     by the key the first stage derived, each record given its original
+//     key and headers back once decided.
 //   - metrics.go: the worker's metrics and its per-partition collector.
 package consumer
