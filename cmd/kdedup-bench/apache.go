@@ -207,7 +207,7 @@ func produceSpread(ctx context.Context, o *benchOptions, topic string, stdout io
 		// new: expected, about the false-positive rate times the events.
 		missing := 0
 		for _, p := range problems {
-			if strings.Contains(p, "forwarded 0 times") {
+			if strings.HasSuffix(p, "(missing)") {
 				missing++
 			}
 		}

@@ -206,12 +206,12 @@ func spreadCheck(in, out []*kgo.Record, exact, within bool, limit int) (problems
 		}
 		switch {
 		case len(g) < want:
-			add("event %s: forwarded %d times, want %d", id, len(g), want)
+			add("event %s: forwarded %d times, want %d (missing)", id, len(g), want)
 			continue
 		case len(g) > want:
 			extra += len(g) - want
 			if exact {
-				add("event %s: forwarded %d times, want %d", id, len(g), want)
+				add("event %s: forwarded %d times, want %d (repeated)", id, len(g), want)
 			}
 		}
 		for _, s := range g {
