@@ -36,44 +36,8 @@ func TestCrashLoop(t *testing.T) {
 		// without pause after them), so that every kill falls while
 		// input arrives.
 		recs := scenario.Generate(scenario.Options{Keys: 10000, Seed: 6})
-		dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
-		procs := make([]*process, len(dirs))
-		for i, d := range dirs {
-			procs[i] = p.startProcess(t, d)
-		}
-		const chunk, pause = 10, 60 * time.Millisecond
-		budget := p.newRepeatBudget(t, chunk)
-		f := p.feed(t, recs, chunk, pause)
-		rng := rand.New(rand.NewPCG(uint64(len(delivery)), 9))
-		const rounds = 12
-		kills, wipes := 0, 0
-		for range rounds {
-			// Kill only once the group is stable with all three members
-			// owning partitions: kfake never expires a member that dies
-			// between its JoinGroup and SyncGroup, which would stall the
-			// group for the client's rebalance timeout (60s); a real
-			// broker expires it after the session timeout.
-			for _, pr := range procs {
-				pr.waitReady(t)
-			}
-			p.waitMembers(t, len(procs))
-			i := rng.IntN(len(procs))
-			time.Sleep(time.Duration(50+rng.IntN(400)) * time.Millisecond)
-			kills++
-			budget.lose(t, fmt.Sprintf("kill %d", kills), time.Now())
-			procs[i].kill()
-			if rng.IntN(3) == 0 {
-				if err := os.RemoveAll(dirs[i]); err != nil {
-					t.Fatal(err)
-				}
-				wipes++
-			}
-			procs[i] = p.startProcess(t, dirs[i])
-		}
-		f.hurry()
-		f.wait(t)
+		budget := p.crashLoop(t, recs, 12, rand.New(rand.NewPCG(uint64(len(delivery)), 9)))
 		want, got := p.output(t, recs)
-		t.Logf("%s: %d rounds: %d kills, %d restarts, %d data directories wiped", delivery, rounds, kills, kills, wipes)
 		if delivery == "exactly-once" {
 			requireExact(t, want, got)
 			return
@@ -82,6 +46,52 @@ func TestCrashLoop(t *testing.T) {
 		t.Logf("at-least-once: %d records expected, %d read: nothing missing, %d extra", want.Stats.Forwarded, got.Stats.Forwarded, extra)
 		budget.require(t, extra)
 	})
+}
+
+// crashLoop runs three worker processes in the pipeline's group while recs
+// arrive (10 records every 60 ms), and for the given rounds SIGKILLs one of
+// them at a moment rng draws, deleting its data directory in about a
+// third of the rounds, and restarts it; then it produces the rest of recs
+// without pause. It returns the repeat budget of the kills (at least
+// once).
+func (p *pipeline) crashLoop(t *testing.T, recs []*kgo.Record, rounds int, rng *rand.Rand) *repeatBudget {
+	t.Helper()
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	procs := make([]*process, len(dirs))
+	for i, d := range dirs {
+		procs[i] = p.startProcess(t, d)
+	}
+	const chunk, pause = 10, 60 * time.Millisecond
+	budget := p.newRepeatBudget(t, chunk)
+	f := p.feed(t, recs, chunk, pause)
+	kills, wipes := 0, 0
+	for range rounds {
+		// Kill only once the group is stable with all three members
+		// owning partitions: kfake never expires a member that dies
+		// between its JoinGroup and SyncGroup, which would stall the
+		// group for the client's rebalance timeout (60s); a real broker
+		// expires it after the session timeout.
+		for _, pr := range procs {
+			pr.waitReady(t)
+		}
+		p.waitMembers(t, len(procs))
+		i := rng.IntN(len(procs))
+		time.Sleep(time.Duration(50+rng.IntN(400)) * time.Millisecond)
+		kills++
+		budget.lose(t, fmt.Sprintf("kill %d", kills), time.Now())
+		procs[i].kill()
+		if rng.IntN(3) == 0 {
+			if err := os.RemoveAll(dirs[i]); err != nil {
+				t.Fatal(err)
+			}
+			wipes++
+		}
+		procs[i] = p.startProcess(t, dirs[i])
+	}
+	f.hurry()
+	f.wait(t)
+	t.Logf("%s: %d rounds: %d kills, %d restarts, %d data directories wiped", p.delivery, rounds, kills, kills, wipes)
+	return budget
 }
 
 // TestZombieFencing freezes a worker process (SIGSTOP) past its session

@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -245,39 +243,9 @@ func TestRepartitionCrashLoop(t *testing.T) {
 		p.extraEnv = map[string]string{"KDEDUP_KEY": scenario.SpreadKey, "KDEDUP_LOG_LEVEL": "info"}
 		p.withSnapshots(t) // a wiped worker restores the repartition topic's partitions
 		recs := scenario.GenerateSpread(scenario.SpreadOptions{Events: 6000, Seed: 24, Partitions: p.partitions})
-		dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
-		procs := make([]*process, len(dirs))
-		for i, d := range dirs {
-			procs[i] = p.startProcess(t, d)
-		}
-		const chunk, pause = 10, 60 * time.Millisecond
-		budget := p.newRepeatBudget(t, chunk)
-		f := p.feed(t, recs, chunk, pause)
-		rng := rand.New(rand.NewPCG(uint64(len(delivery)), 24))
-		const rounds = 6
-		kills, wipes := 0, 0
-		for range rounds {
-			for _, pr := range procs {
-				pr.waitReady(t)
-			}
-			p.waitMembers(t, len(procs))
-			i := rng.IntN(len(procs))
-			time.Sleep(time.Duration(50+rng.IntN(400)) * time.Millisecond)
-			kills++
-			budget.lose(t, fmt.Sprintf("kill %d", kills), time.Now())
-			procs[i].kill()
-			if rng.IntN(3) == 0 {
-				if err := os.RemoveAll(dirs[i]); err != nil {
-					t.Fatal(err)
-				}
-				wipes++
-			}
-			procs[i] = p.startProcess(t, dirs[i])
-		}
-		f.hurry()
-		f.wait(t)
+		budget := p.crashLoop(t, recs, 6, rand.New(rand.NewPCG(uint64(len(delivery)), 24)))
 		_, _, out := p.outputRecords(t, recs)
-		t.Logf("%s: %d rounds: %d kills, %d data directories wiped; %d events with copies in more than one partition", delivery, rounds, kills, wipes, scenario.SpreadPartitions(recs))
+		t.Logf("%d events with copies in more than one partition", scenario.SpreadPartitions(recs))
 		extra := requireSpreadDeduplicated(t, recs, out, delivery == "exactly-once")
 		if delivery == "at-least-once" {
 			t.Logf("at-least-once: nothing missing, %d extra", extra)
