@@ -181,9 +181,14 @@ func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
 	n := min(pollRecords, w.opts.FlushBytes/per)
 	pageBytes := int64(w.opts.Dedup.PageBytes())
 	perStaged := per // a partition assigned while the poll waits is not known here
+	stateful := 0    // partitions holding pages (the repartition stage's hold none)
 	for _, pw := range parts {
-		if pw.owner() != ownerLoop || pw.stateless() {
-			continue // its restore goroutine owns the deduplicator (the group client fetches nothing for it), or it has none
+		if pw.stateless() {
+			continue
+		}
+		stateful++
+		if pw.owner() != ownerLoop {
+			continue // its restore goroutine owns the deduplicator; the group client fetches nothing for it
 		}
 		n = min(n, (w.opts.FlushBytes-pw.dedup.DirtyBytes()-pw.dedup.StagedBytes())/per)
 		perStaged = max(perStaged, int64(pw.dedup.MaxPagesPerRecord())*pageBytes)
@@ -198,12 +203,6 @@ func (w *Worker) txnBudgetOf(parts []*partitionWorker) int {
 	// the partitions holding their share once the transaction's changes
 	// are applied.
 	if bound := w.opts.MaxDirtyPageBytes; bound > 0 {
-		stateful := 0
-		for _, pw := range parts {
-			if !pw.stateless() {
-				stateful++
-			}
-		}
 		ceiling := max(bound*3/2, int64(stateful)*store.MinCutPages*pageBytes)
 		held := w.opts.Dedup.DirtyPageBytes() // dirty and staged, every partition's, replays included
 		n = min(n, (ceiling-held)/perStaged)

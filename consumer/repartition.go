@@ -50,7 +50,7 @@ import (
 
 // Headers the repartition stage appends to a record it produces to the
 // repartition topic, after the record's own headers, and the dedup stage
-// removes before it keys, forwards or drops the record.
+// removes once it has decided the record, before it forwards or drops it.
 const (
 	// HeaderOriginalKey carries the record's original key (empty when the
 	// key is empty): the repartition record's key is its dedup key.
@@ -160,10 +160,9 @@ func (pw *partitionWorker) rekeyed(r *kgo.Record, k []byte) *kgo.Record {
 var rekeyedRecords = sync.Pool{New: func() any { return new(kgo.Record) }}
 
 // restoresOriginals reports whether pw's records come from the
-// repartition topic and are restored (restoreOriginal) before they are
-// keyed.
+// repartition topic, and so are restored (restoreOriginal) once decided.
 func (pw *partitionWorker) restoresOriginals() bool {
-	return pw.w.opts.RepartitionTopic != "" && pw.topic == pw.w.opts.RepartitionTopic
+	return pw.topic == pw.w.opts.RepartitionTopic // a topic is never ""
 }
 
 // restoreOriginal gives r, a record of the repartition topic, its

@@ -148,8 +148,9 @@ func (p *pipeline) waitInputPartitions(t *testing.T, ctx context.Context, n int)
 	}
 }
 
-// TestRepartitionTopicChecked: a repartition topic that does not exist
-// stops start-up with an error naming KDEDUP_REPARTITION_TOPIC (a runtime
+// TestRepartitionTopicChecked: a repartition topic that does not exist,
+// or whose broker replaces record timestamps (LogAppendTime), stops
+// start-up with an error naming KDEDUP_REPARTITION_TOPIC (a runtime
 // failure, exit 1), and one that is also an input topic is a configuration
 // error naming it.
 func TestRepartitionTopicChecked(t *testing.T) {
@@ -164,6 +165,19 @@ func TestRepartitionTopicChecked(t *testing.T) {
 	err = app.Run(ctx, cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil)
 	if !errors.Is(err, app.ErrTopic) || !strings.Contains(err.Error(), "KDEDUP_REPARTITION_TOPIC="+p.repart) || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("start-up with a missing repartition topic: %v, want an error matching app.ErrTopic naming KDEDUP_REPARTITION_TOPIC", err)
+	}
+
+	// A topic whose broker stamps its own time on records: refused, as
+	// the output and the window keep the producers' timestamps.
+	p.withRepartitionTopic(t, 2)
+	p.b.setTopicConfig(t, p.repart, "message.timestamp.type", "LogAppendTime")
+	cfg, err = config.LoadFrom(p.env(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = app.Run(ctx, cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil)
+	if !errors.Is(err, app.ErrTopic) || !strings.Contains(err.Error(), "KDEDUP_REPARTITION_TOPIC="+p.repart) || !strings.Contains(err.Error(), "LogAppendTime") {
+		t.Fatalf("start-up with a LogAppendTime repartition topic: %v, want an error matching app.ErrTopic naming KDEDUP_REPARTITION_TOPIC and LogAppendTime", err)
 	}
 
 	env := p.env(t.TempDir())
