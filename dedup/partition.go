@@ -356,7 +356,11 @@ func (p *Deduplicator) decide(r *kgo.Record) (Decision, error) {
 	// Every record moves the window's watermark, keyed or not: time is the
 	// input's, whatever the record holds.
 	ts := r.Timestamp.UnixMilli()
-	p.tally.expired += p.chain.Advance(ts)
+	expired, err := p.chain.Advance(ts)
+	p.tally.expired += expired
+	if err != nil {
+		return Forward, p.wrap(r, err)
+	}
 	h, err := p.hashOf(r)
 	if err != nil {
 		p.lastKeyErr = err

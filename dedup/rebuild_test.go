@@ -48,7 +48,7 @@ func TestRebuildsFromWindow(t *testing.T) {
 // a limit of 1. Timestamps are out of order by up to a span. Without
 // refresh, where RebuildsFromWindow is false, the same rebuild decides
 // some record differently: the rule is what makes the shortcut safe.
-// 32-bit fingerprints keep false positives out; the seeds are fixed.
+// 29-bit fingerprints keep false positives out; the seeds are fixed.
 func TestRebuildFromWindowDecidesAsTheWholeInput(t *testing.T) {
 	const (
 		window   = 4 * time.Second
@@ -56,7 +56,7 @@ func TestRebuildFromWindowDecidesAsTheWholeInput(t *testing.T) {
 		keySpace = 2_000
 		topic    = "events"
 	)
-	fp := filter.Params{FingerprintBits: 32, Capacity: 512, PageBytes: 512, Window: window, Generations: 4}
+	fp := filter.Params{FingerprintBits: 29, Capacity: 512, PageBytes: 512, Window: window, Generations: 4}
 	span := fp.SpanMillis()
 	rng := rand.New(rand.NewPCG(5, 8))
 	recs := make([]*kgo.Record, records)

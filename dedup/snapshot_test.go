@@ -120,15 +120,16 @@ func TestRestoreDecidesAsTheOriginal(t *testing.T) {
 				t.Fatal("a refused snapshot left a checkpoint")
 			}
 			other.Close()
-			// A snapshot of format 5 (sub-filters that grew by appending)
-			// is refused the same way: the restore replays instead.
+			// A snapshot of the previous format (6: a window's generations
+			// as sub-filters of their own) is refused the same way: the
+			// restore replays instead.
 			old := im.img
 			old.Meta = bytes.Clone(old.Meta)
 			old.Meta[4] = filter.FormatVersion - 1
 			body := old.Meta[:len(old.Meta)-4]
 			binary.BigEndian.PutUint32(old.Meta[len(body):], crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli)))
-			if err := b.Restore(old, im.put); !errors.Is(err, ErrSnapshotParams) || !errors.Is(err, filter.ErrParams) || !strings.Contains(err.Error(), "stored format version 5") {
-				t.Fatalf("Restore of a format 5 snapshot = %v, want ErrSnapshotParams naming the version", err)
+			if err := b.Restore(old, im.put); !errors.Is(err, ErrSnapshotParams) || !errors.Is(err, filter.ErrParams) || !strings.Contains(err.Error(), fmt.Sprintf("stored format version %d", filter.FormatVersion-1)) {
+				t.Fatalf("Restore of a format %d snapshot = %v, want ErrSnapshotParams naming the version", filter.FormatVersion-1, err)
 			}
 
 			if err := b.Restore(im.img, im.put); err != nil {

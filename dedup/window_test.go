@@ -131,7 +131,7 @@ func TestWindowDecisionsAgainstExactModel(t *testing.T) {
 						batchSize = 500
 						topic     = "orders"
 					)
-					fp := filter.Params{FingerprintBits: 32, Capacity: 512, PageBytes: 512, Window: window, Generations: 4}
+					fp := filter.Params{FingerprintBits: 29, Capacity: 512, PageBytes: 512, Window: window, Generations: 4}
 					opts := Options{DeleteHeader: deleteHeader, DeleteValue: deleteValue, Filter: fp,
 						MaxOccurrences: limit, Refresh: refresh, Staged: staged}
 					db := openDB(t, "", store.Options{PageBytes: 512, CacheBytes: 64 * 512})

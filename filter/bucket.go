@@ -23,7 +23,10 @@ type position struct {
 	// q is the key's hash bits after its tag and its page's depth bits:
 	// bit 0 chooses its child when the page splits, and the low bits are
 	// what an entry of the key stores after its tag.
-	q     uint64
+	q uint64
+	// gen is the generation tag of a new entry of the key, in place above
+	// the fingerprint (0 without a window).
+	gen   uint32
 	depth int
 	sub   *SubFilter
 }
@@ -56,12 +59,13 @@ func (c *Chain) locate(pos *position, h uint64, s int) {
 	tag := uint32(g) & (1<<sf.tagBits - 1)
 	q := g >> sf.tagBits
 	page, d := sf.pageOf(x>>32, q)
-	bb := c.p.BucketSize * sf.FingerprintBits
+	bb := c.p.BucketSize * sf.slotBits
 	*pos = position{
 		id:    PageID{SubFilter: sf.ID, Page: uint32(page)},
 		b1:    int(local) * bb,
 		b2:    int(altLocal(local, tag, sf.bucketsPerPage)) * bb,
 		tag:   tag,
+		gen:   c.tag << sf.FingerprintBits,
 		q:     q >> d,
 		depth: d,
 		sub:   sf,
@@ -100,18 +104,23 @@ func (s *SubFilter) pageOf(root, q uint64) (uint64, int) {
 // per split since it was inserted.
 func (pos *position) entry() uint32 {
 	d := pos.sub.maxDepth
-	return pos.tag | uint32(pos.q&(1<<d-1)|1<<d)<<pos.sub.tagBits
+	return pos.gen | pos.tag | uint32(pos.q&(1<<d-1)|1<<d)<<pos.sub.tagBits
 }
 
-// matches reports whether slot value v holds an entry pos's key may have
-// inserted: the tags are equal and the prefix the entry kept equals the
-// key's bits at the same places. 0 is an empty slot.
+// matches reports whether slot value v holds a live entry pos's key may
+// have inserted: the tags are equal, the prefix the entry kept equals the
+// key's bits at the same places and, with a window, its generation has not
+// expired. 0 is an empty slot.
 func (pos *position) matches(v uint32) bool {
-	k := pos.sub.tagBits
+	sf := pos.sub
+	k := sf.tagBits
 	if (v^pos.tag)&(1<<k-1) != 0 || v == 0 {
 		return false
 	}
-	return prefixMatches(uint64(v>>k), pos.q)
+	if sf.gens == nil {
+		return prefixMatches(uint64(v>>k), pos.q)
+	}
+	return prefixMatches(uint64(sf.fingerprint(v)>>k), pos.q) && sf.gens.live(v>>sf.FingerprintBits)
 }
 
 // prefixMatches compares the stored part s (prefix then a terminating 1
@@ -226,7 +235,7 @@ func slotAt(pg []byte, w bucketBits, b, k, f int) uint32 {
 // copies returns how many slots of both buckets of pos hold an entry
 // matching pos's key.
 func (c *Chain) copies(pg []byte, pos *position) int {
-	f, bs := pos.sub.FingerprintBits, c.p.BucketSize
+	f, bs := pos.sub.slotBits, c.p.BucketSize
 	w1, w2 := loadBucket(pg, pos.b1, bs*f), loadBucket(pg, pos.b2, bs*f)
 	n := 0
 	for k := range bs {
@@ -244,13 +253,13 @@ func (c *Chain) copies(pg []byte, pos *position) int {
 // matching entry with the longest fingerprint (the one least likely to be
 // another key's, as InfiniFilter deletes), or -1.
 func (c *Chain) longest(pg []byte, pos *position) int {
-	f, bs, k := pos.sub.FingerprintBits, c.p.BucketSize, pos.sub.tagBits
+	f, bs, k := pos.sub.slotBits, c.p.BucketSize, pos.sub.tagBits
 	best, bestLen := -1, -1
 	for _, b := range [2]int{pos.b1, pos.b2} {
 		for i := range bs {
 			off := b + i*f
 			if v := get(pg, off, f); pos.matches(v) {
-				if l := prefixLen(v, k); l > bestLen {
+				if l := prefixLen(pos.sub.fingerprint(v), k); l > bestLen {
 					best, bestLen = off, l
 				}
 			}
@@ -259,11 +268,12 @@ func (c *Chain) longest(pg []byte, pos *position) int {
 	return best
 }
 
-// findEmpty returns the bit offset of the first empty f-bit slot of the
-// bucket at bit offset b, or -1.
-func (c *Chain) findEmpty(pg []byte, b, f int) int {
+// findEmpty returns the bit offset of the first free slot of sub-filter
+// sf (empty, or an expired entry's) in the bucket at bit offset b, or -1.
+func (c *Chain) findEmpty(pg []byte, sf *SubFilter, b int) int {
+	f := sf.slotBits
 	for k := range c.p.BucketSize {
-		if off := b + k*f; get(pg, off, f) == 0 {
+		if off := b + k*f; sf.free(get(pg, off, f)) {
 			return off
 		}
 	}
@@ -272,9 +282,10 @@ func (c *Chain) findEmpty(pg []byte, b, f int) int {
 
 // probe reads both buckets of pos once: found reports whether either holds
 // an entry matching pos's key, and empty is the bit offset of the first
-// empty slot (the primary bucket's first), or -1.
+// free slot (the primary bucket's first), or -1.
 func (c *Chain) probe(pg []byte, pos *position) (found bool, empty int) {
-	f, bs := pos.sub.FingerprintBits, c.p.BucketSize
+	sf := pos.sub
+	f, bs := sf.slotBits, c.p.BucketSize
 	w1, w2 := loadBucket(pg, pos.b1, bs*f), loadBucket(pg, pos.b2, bs*f)
 	e1, e2 := -1, -1
 	for k := range bs {
@@ -282,10 +293,10 @@ func (c *Chain) probe(pg []byte, pos *position) (found bool, empty int) {
 		if pos.matches(s1) || pos.matches(s2) {
 			return true, -1
 		}
-		if s1 == 0 && e1 < 0 {
+		if e1 < 0 && sf.free(s1) {
 			e1 = pos.b1 + k*f
 		}
-		if s2 == 0 && e2 < 0 {
+		if e2 < 0 && sf.free(s2) {
 			e2 = pos.b2 + k*f
 		}
 	}
@@ -299,7 +310,7 @@ func (c *Chain) probe(pg []byte, pos *position) (found bool, empty int) {
 // key: a lookup. Both buckets are loaded before either is compared, so
 // that their two cache misses overlap.
 func (c *Chain) holds(pg []byte, pos *position) bool {
-	f, bs := pos.sub.FingerprintBits, c.p.BucketSize
+	f, bs := pos.sub.slotBits, c.p.BucketSize
 	w1, w2 := loadBucket(pg, pos.b1, bs*f), loadBucket(pg, pos.b2, bs*f)
 	for k := range bs {
 		if pos.matches(slotAt(pg, w1, pos.b1, k, f)) || pos.matches(slotAt(pg, w2, pos.b2, k, f)) {

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"slices"
-	"sort"
 	"strings"
 
 	"github.com/dchest/siphash"
@@ -69,28 +67,36 @@ type SubFilter struct {
 	// dropped generation can be deleted after the metadata that dropped it
 	// is durable, without racing a new sub-filter.
 	ID uint32
-	// Generation is the generation the sub-filter belongs to: with
-	// Params.Window, it holds keys whose record timestamps fall in
-	// [Generation*span, (Generation+1)*span) milliseconds since the Unix
-	// epoch (or later ones, for records older than the window); without a
-	// window it is 0.
-	Generation int64
 	// RootPages is the number of pages the sub-filter started with, 1 to
 	// 2^20: a key's root page and buckets are chosen among them.
 	RootPages uint64
 	// Pages is the number of pages now: RootPages plus one per split.
 	Pages uint64
-	// FingerprintBits is the slot width W of this sub-filter: an entry is
-	// a tag, a prefix of up to MaxDepth bits and a terminating bit.
+	// FingerprintBits is the fingerprint width W of this sub-filter: an
+	// entry is a tag, a prefix of up to MaxDepth bits and a terminating
+	// bit, and with a window the generation tag above them
+	// (Params.SlotBits).
 	FingerprintBits int
-	// Items is the number of entries stored (inserts minus deletes that
-	// found one).
+	// Items is the number of live entries stored (inserts minus deletes
+	// that found one, less the entries of expired generations).
 	Items uint64
-	// Lengths counts the entries by fingerprint length: Lengths[i] entries
-	// hold FingerprintBits-1+i bits of their key's hash (in their slot and
-	// in the splits that led to their page), i being the depth of the
-	// page they were inserted in. Their sum is Items.
+	// Lengths counts the live entries by fingerprint length: Lengths[i]
+	// entries hold FingerprintBits-1+i bits of their key's hash (in their
+	// slot and in the splits that led to their page), i being the depth of
+	// the page they were inserted in. Their sum is Items.
 	Lengths [MaxDepth + 1]uint64
+	// byTag, with a window, is Lengths for each generation tag: the rows
+	// of live generations add up to Lengths, the others are zero.
+	byTag [][MaxDepth + 1]uint64
+	// gens is the chain's generation clock, shared by its sub-filters;
+	// nil without a window.
+	gens *clock
+	// slotBits is the slot width: FingerprintBits and the generation tag.
+	slotBits int
+	// share is the sub-filter's term of the chain's geometric
+	// false-positive budget (Params.SubFilterBits): its index in the
+	// chain, counting the sub-filters a window dropped.
+	share int
 
 	// depths[k] is the depth of page k (0 for the root pages never split
 	// and for page numbers not in use).
@@ -153,22 +159,59 @@ func (s SubFilter) EstimatedFPR() float64 {
 	return float64(s.weight) / (float64(s.bucketsPerPage) * float64(s.RootPages) * math.Exp2(float64(s.FingerprintBits-2+s.maxDepth)))
 }
 
-// count adds n (1 or -1) entries inserted at depth d.
-func (s *SubFilter) count(d, n int) {
+// count adds n (1 or -1) entries inserted at depth d, of slot value v
+// (whose generation tag is counted with a window).
+func (s *SubFilter) count(v uint32, d, n int) {
 	w := uint64(1) << (s.maxDepth - d)
+	var row *[MaxDepth + 1]uint64
+	if s.gens != nil {
+		row = &s.byTag[v>>s.FingerprintBits&s.gens.mask]
+	}
 	if n > 0 {
 		s.Items++
 		s.Lengths[d]++
 		s.weight += w
+		if row != nil {
+			row[d]++
+			s.gens.used[v>>s.FingerprintBits&s.gens.mask] = true
+		}
 		return
 	}
 	// A corrupt page can hold more than the counts say.
-	if s.Lengths[d] > 0 {
+	if s.Lengths[d] > 0 && (row == nil || row[d] > 0) {
 		s.Items--
 		s.Lengths[d]--
 		s.weight -= w
+		if row != nil {
+			row[d]--
+		}
 	}
 }
+
+// expire uncounts the entries of generation tag g, which expired: they
+// match nothing from now on, and their slots are free.
+func (s *SubFilter) expire(g uint32) {
+	row := &s.byTag[g]
+	for d, n := range row {
+		if n == 0 {
+			continue
+		}
+		s.Items -= n
+		s.Lengths[d] -= n
+		s.weight -= n << (s.maxDepth - d)
+	}
+	*row = [MaxDepth + 1]uint64{}
+}
+
+// free reports whether slot value v is free for a new entry: empty, or an
+// entry of an expired generation.
+func (s *SubFilter) free(v uint32) bool {
+	return v == 0 || s.gens != nil && !s.gens.live(v>>s.FingerprintBits)
+}
+
+// fingerprint is the entry part of slot value v: v without its generation
+// tag.
+func (s *SubFilter) fingerprint(v uint32) uint32 { return v & fpMask(s.FingerprintBits) }
 
 // splits reports whether the page of pos may split: it is not at the
 // sub-filter's deepest, and its right child's number fits a page number.
@@ -189,8 +232,9 @@ func (s *SubFilter) full() bool { return s.weight >= s.maxWeight }
 // Stats summarizes a chain.
 type Stats struct {
 	SubFilters int
-	// Generations is the number of live generations holding sub-filters
-	// (1 without a window, 0 for a windowed chain that saw no key yet).
+	// Generations is the number of live generations that took an entry
+	// since they began (1 without a window, 0 for a windowed chain that
+	// saw no key yet).
 	Generations int
 	Items       uint64
 	Slots       uint64
@@ -229,6 +273,42 @@ type Stats struct {
 	NearFull bool
 }
 
+// GenerationItems is the live entries of one generation of a window
+// (Stats.ByGeneration).
+type GenerationItems struct {
+	// Generation holds record timestamps [Generation*span,
+	// (Generation+1)*span) milliseconds since the Unix epoch
+	// (Params.GenerationStart).
+	Generation int64
+	Items      uint64
+}
+
+// Generations returns, with a window, the live generations that took an
+// entry since they began, oldest first, with their live entries (those
+// deleted since count no more): Stats.Generations of them. Nil without a
+// window.
+func (c *Chain) Generations() []GenerationItems {
+	if c.gens == nil {
+		return nil
+	}
+	var gens []GenerationItems
+	newest := generation(c.watermark, c.span)
+	for age := int64(c.gens.maxAge); age >= 0; age-- {
+		t := c.gens.tag(newest - age)
+		if !c.gens.used[t] {
+			continue
+		}
+		g := GenerationItems{Generation: newest - age}
+		for _, sf := range c.subs {
+			for _, n := range sf.byTag[t] {
+				g.Items += n
+			}
+		}
+		gens = append(gens, g)
+	}
+	return gens
+}
+
 // Chain is a chained cuckoo filter over pages supplied by a Pager.
 //
 // A Chain is not safe for concurrent use: one goroutine owns it (kdedup keeps
@@ -242,21 +322,30 @@ type Chain struct {
 	// in its metadata, so that keys colliding with another key's page,
 	// buckets and fingerprint cannot be computed without it.
 	seed Seed
-	// subs are sorted by generation, oldest first, and by age within one.
+	// subs are oldest first.
 	subs      []SubFilter
 	nextID    uint32
 	watermark int64
-	span      int64  // generation span in ms, 0 without a window
+	span      int64 // generation span in ms, 0 without a window
+	// gens is the generation clock, nil without a window; tag is the
+	// generation tag of the entry the current operation stores (0 without
+	// a window).
+	gens *clock
+	tag  uint32
+	// sweepSub and sweepPage are the sweep's cursor in the current pass:
+	// the next page number to sweep, of c.subs[sweepSub] (Advance).
+	sweepSub  int
+	sweepPage uint64
 	kicks     []kick // reused eviction log
 	scratch   []byte // a split's right page, as it is built
+	cleared   []int  // reused by the sweep
 	// ops and reads count operations and the pages they read (Stats).
 	ops, reads uint64
 }
 
-// New returns an empty chain with a secret hash seed (RandomSeed). Without
-// a window it has one sub-filter sized for p.Capacity; with one, each
-// generation gets its first sub-filter when its first key arrives. No page
-// is touched until the first insert.
+// New returns an empty chain with a secret hash seed (RandomSeed) and one
+// sub-filter sized for p.Capacity. No page is touched until the first
+// insert (or, with a window, the first Advance's sweep).
 func New(p Params, pager Pager) (*Chain, error) {
 	return NewWithSeed(p, RandomSeed(), pager)
 }
@@ -272,9 +361,7 @@ func NewWithSeed(p Params, seed Seed, pager Pager) (*Chain, error) {
 		return nil, err
 	}
 	c := newChain(p, seed, pager)
-	if c.span == 0 {
-		c.subs = []SubFilter{c.subFilter(0, 0, p.firstPages())}
-	}
+	c.subs = []SubFilter{c.subFilter(0, p.firstPages())}
 	return c, nil
 }
 
@@ -303,15 +390,14 @@ const presizeDoublings = 4
 // most 2^20. The design note behind it is DESIGN.md, "Growth" ("when the
 // key count is known").
 //
-// It changes nothing and returns false on a chain with a window (its
-// generations size their own sub-filters), one that has taken a key or
-// split a page, or when records/2 keys fit in the configured first
-// sub-filter.
+// It changes nothing and returns false on a chain that has taken a key,
+// split a page or, with a window, seen a record time, or when records/2
+// keys fit in the configured first sub-filter.
 // It touches no page: the chain's metadata alone describes the new size,
 // and its pages read as empty. Not safe for concurrent use with the
 // chain's other methods.
 func (c *Chain) Presize(records uint64) bool {
-	if c.span != 0 || len(c.subs) != 1 {
+	if len(c.subs) != 1 || c.watermark != math.MinInt64 {
 		return false
 	}
 	s := c.subs[0]
@@ -324,7 +410,7 @@ func (c *Chain) Presize(records uint64) bool {
 		return false
 	}
 	c.nextID = s.ID
-	c.subs[0] = c.subFilter(0, 0, pages)
+	c.subs[0] = c.subFilter(0, pages)
 	return true
 }
 
@@ -356,6 +442,14 @@ func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
 	c.subs = m.SubFilters
 	c.nextID = m.NextID
 	c.watermark = m.Watermark
+	if c.gens != nil {
+		c.gens.newest = c.gens.tag(generation(m.Watermark, c.span))
+		copy(c.gens.used, m.used)
+		c.sweepSub, c.sweepPage = int(m.sweepSub), uint64(m.sweepPage)
+		for i := range c.subs {
+			c.subs[i].gens = c.gens
+		}
+	}
 	return c, nil
 }
 
@@ -375,7 +469,7 @@ func RandomSeed() Seed {
 
 func newChain(p Params, seed Seed, pager Pager) *Chain {
 	peeker, _ := pager.(Peeker)
-	return &Chain{p: p, pager: pager, peeker: peeker, seed: seed, watermark: math.MinInt64, span: p.spanMillis(), kicks: make([]kick, 0, p.MaxKicks)}
+	return &Chain{p: p, pager: pager, peeker: peeker, seed: seed, watermark: math.MinInt64, span: p.spanMillis(), gens: newClock(p), kicks: make([]kick, 0, p.MaxKicks)}
 }
 
 // hash is the 64-bit key hash: SipHash-2-4 keyed by the chain's secret
@@ -403,13 +497,17 @@ type Hash uint64
 // Hash returns key's hash (SipHash-2-4 under the chain's seed).
 func (c *Chain) Hash(key []byte) Hash { return Hash(c.hash(key)) }
 
-// subFilter describes a new, empty sub-filter: the i-th of generation gen,
-// of the given root page count, with the next unused ID.
-func (c *Chain) subFilter(gen int64, i int, rootPages uint64) SubFilter {
-	sf := SubFilter{ID: c.nextID, Generation: gen, RootPages: rootPages, Pages: rootPages, FingerprintBits: c.p.SubFilterBits(i)}
+// subFilter describes a new, empty sub-filter with share i of the
+// false-positive budget (the i-th of the chain), of the given root page
+// count, with the next unused ID.
+func (c *Chain) subFilter(i int, rootPages uint64) SubFilter {
+	sf := SubFilter{ID: c.nextID, RootPages: rootPages, Pages: rootPages, FingerprintBits: c.p.SubFilterBits(i), gens: c.gens, share: i}
 	c.nextID++
 	sf.depths = make([]uint8, rootPages)
 	sf.atDepth[0] = rootPages
+	if c.gens != nil {
+		sf.byTag = make([][MaxDepth + 1]uint64, len(c.gens.used))
+	}
 	c.p.derive(&sf, i)
 	return sf
 }
@@ -420,13 +518,7 @@ func (c *Chain) Params() Params { return c.p }
 // SubFilters returns a copy of the chain's sub-filters, oldest first.
 func (c *Chain) SubFilters() []SubFilter { return append([]SubFilter(nil), c.subs...) }
 
-// subIndex is the index of sf in its generation (0 for its oldest).
-func (c *Chain) subIndex(s int) int {
-	lo, _ := c.generation(c.subs[s].Generation)
-	return s - lo
-}
-
-// Len returns the number of sub-filters in the chain, every generation's.
+// Len returns the number of sub-filters in the chain.
 func (c *Chain) Len() int { return len(c.subs) }
 
 // Stats returns the chain's load and estimated false-positive rate.
@@ -436,7 +528,7 @@ func (c *Chain) Stats() Stats {
 		s.Watermark = math.MinInt64
 	}
 	b := c.p.BucketSize
-	for i, sf := range c.subs {
+	for _, sf := range c.subs {
 		slots := sf.Slots(b)
 		s.Items += sf.Items
 		s.Slots += slots
@@ -448,73 +540,19 @@ func (c *Chain) Stats() Stats {
 			}
 		}
 		s.EstimatedFPR += sf.EstimatedFPR()
-		if i == 0 || sf.Generation != c.subs[i-1].Generation {
-			s.Generations++
-		}
 	}
-	if len(c.subs) == 0 {
-		s.NewestFingerprintBits = c.p.SubFilterBits(0)
-		return s
+	s.Generations = 1
+	if c.gens != nil {
+		s.Generations = len(c.Generations())
 	}
 	s.LoadFactor = float64(s.Items) / float64(s.Slots)
 	newest := c.subs[len(c.subs)-1]
 	s.NewestLoadFactor = float64(newest.Items) / float64(newest.Slots(b))
 	s.NewestFingerprintBits = newest.FingerprintBits
-	lo, hi := c.generation(newest.Generation)
-	n := hi - lo
-	s.NearFull = n >= MaxSubFilters-1 ||
-		(c.p.FingerprintBits == 0 && c.p.SubFilterBits(n+1) >= MaxFingerprintBits && c.p.SubFilterBits(n) >= MaxFingerprintBits)
+	n := newest.share + 1
+	s.NearFull = len(c.subs) >= MaxSubFilters-1 ||
+		(c.p.FingerprintBits == 0 && c.p.SubFilterBits(n+1) >= c.p.maxFingerprintBits() && c.p.SubFilterBits(n) >= c.p.maxFingerprintBits())
 	return s
-}
-
-// generation returns the index range [lo, hi) of the sub-filters of
-// generation gen in c.subs (lo == hi, the insertion point, when it has
-// none).
-func (c *Chain) generation(gen int64) (lo, hi int) {
-	if c.span == 0 {
-		return 0, len(c.subs) // one generation
-	}
-	lo = sort.Search(len(c.subs), func(i int) bool { return c.subs[i].Generation >= gen })
-	hi = lo
-	for hi < len(c.subs) && c.subs[hi].Generation == gen {
-		hi++
-	}
-	return lo, hi
-}
-
-// Advance moves the watermark, the highest record timestamp seen (ts, in
-// milliseconds since the Unix epoch), to ts if ts is higher, and drops every
-// generation that ended a window or more before the new watermark: their
-// sub-filters leave the chain and their pages are handed to Pager.Drop. It
-// returns the number of generations dropped. Without a window it does
-// nothing.
-//
-// Time is the records' own: the wall clock is never read, so the state stays
-// a function of the input and replays reproduce it. Out-of-order records
-// are remembered in the generation of their own timestamp while that
-// generation is live, so a late key is kept at least a window past its
-// timestamp like any other; a record more than a window older than the
-// watermark (or with no timestamp, -1) goes to the oldest live generation
-// and is kept for at least what remains of that generation's life. A record
-// timestamped far in the future moves the watermark there and expires
-// everything older than a window before it: producers' clocks matter
-// (log-append time on the input topic removes the question).
-func (c *Chain) Advance(ts int64) int {
-	if c.span == 0 || ts <= c.watermark {
-		return 0
-	}
-	c.watermark = ts
-	oldest := c.oldestLive()
-	n, dropped := 0, 0
-	for n < len(c.subs) && c.subs[n].Generation < oldest {
-		if n == 0 || c.subs[n].Generation != c.subs[n-1].Generation {
-			dropped++
-		}
-		c.pager.Drop(c.subs[n].ID)
-		n++
-	}
-	c.subs = append(c.subs[:0], c.subs[n:]...)
-	return dropped
 }
 
 // oldestLive is the oldest generation still live at the watermark
@@ -602,29 +640,32 @@ func (c *Chain) InsertAt(key []byte, ts int64) (bool, error) {
 // InsertHashAt is InsertAt of the key of hash h.
 func (c *Chain) InsertHashAt(h Hash, ts int64) (bool, error) {
 	c.ops++
-	c.Advance(ts)
-	return c.insertHash(uint64(h), c.generationOf(ts))
+	if err := c.at(ts); err != nil {
+		return false, err
+	}
+	return c.insertHash(uint64(h))
 }
 
-// insertHash is InsertAt for hash h and generation gen.
-func (c *Chain) insertHash(h uint64, gen int64) (bool, error) {
-	_, hi := c.generation(gen)
-	// The sub-filter the key would go to is looked at last, so that its
-	// page, just read, takes the key without a second lookup.
-	target := hi - 1
-	if target < 0 || c.subs[target].Generation != gen {
-		target = -1
+// at advances the watermark to ts and sets the generation tag of the
+// entries the operation stores to the generation of ts.
+func (c *Chain) at(ts int64) error {
+	if c.gens == nil {
+		return nil
 	}
-	for s := len(c.subs) - 1; s >= 0; s-- {
-		if s == target {
-			continue
-		}
+	_, err := c.Advance(ts)
+	c.tag = c.gens.tag(c.generationOf(ts))
+	return err
+}
+
+// insertHash is Insert for hash h, into generation tag c.tag.
+func (c *Chain) insertHash(h uint64) (bool, error) {
+	// The sub-filter the key would go to, the newest, is looked at last,
+	// so that its page, just read, takes the key without a second lookup.
+	target := len(c.subs) - 1
+	for s := target - 1; s >= 0; s-- {
 		if found, err := c.lookup(h, s); err != nil || found {
 			return false, err
 		}
-	}
-	if target < 0 {
-		return true, c.grow(h, gen)
 	}
 	var pos position
 	pg, err := c.open(&pos, h, target)
@@ -636,7 +677,7 @@ func (c *Chain) insertHash(h uint64, gen int64) (bool, error) {
 		return false, nil
 	}
 	if pos.sub.full() {
-		return true, c.placeOrGrow(h, gen)
+		return true, c.placeOrGrow(h)
 	}
 	if empty >= 0 {
 		c.store(&pos, pg, empty)
@@ -685,7 +726,7 @@ func (c *Chain) placeSplitting(h uint64, s int, pos *position, pg []byte) error 
 			return nil
 		}
 		if !canSplit {
-			return c.placeOrGrow(h, pos.sub.Generation)
+			return c.placeOrGrow(h)
 		}
 		if err := c.split(pos, pg); err != nil {
 			return err
@@ -706,7 +747,7 @@ func (c *Chain) placeSplitting(h uint64, s int, pos *position, pg []byte) error 
 // written whole (MarkDirty).
 func (c *Chain) split(pos *position, pg []byte) error {
 	sf := pos.sub
-	f, k := sf.FingerprintBits, sf.tagBits
+	f, k := sf.slotBits, sf.tagBits
 	tagMask := uint32(1)<<k - 1
 	if cap(c.scratch) < len(pg) {
 		c.scratch = make([]byte, len(pg))
@@ -718,7 +759,7 @@ func (c *Chain) split(pos *position, pg []byte) error {
 	// split (it would be at the deepest): refuse the page before changing
 	// any of it.
 	for i := range slots {
-		if v := get(pg, i*f, f); v != 0 && v>>k <= 1 {
+		if v := get(pg, i*f, f); v != 0 && sf.fingerprint(v)>>k <= 1 {
 			return fmt.Errorf("%w: entry without prefix bits in page %d of sub-filter %d at depth %d", ErrCorrupt, pos.id.Page, sf.ID, pos.depth)
 		}
 	}
@@ -728,8 +769,13 @@ func (c *Chain) split(pos *position, pg []byte) error {
 		if v == 0 {
 			continue
 		}
-		rest := v >> k
-		nv := v&tagMask | rest>>1<<k
+		if sf.free(v) {
+			set(pg, off, f, 0) // expired: reclaimed
+			continue
+		}
+		fp := sf.fingerprint(v)
+		rest := fp >> k
+		nv := v&^fpMask(sf.FingerprintBits) | fp&tagMask | rest>>1<<k
 		if rest&1 != 0 {
 			set(pg, off, f, 0)
 			set(right, off, f, nv)
@@ -791,20 +837,21 @@ func (c *Chain) AddAt(key []byte, ts int64) error { return c.AddHashAt(c.Hash(ke
 // AddHashAt is AddAt of the key of hash h.
 func (c *Chain) AddHashAt(h Hash, ts int64) error {
 	c.ops++
-	c.Advance(ts)
-	return c.addHash(uint64(h), c.generationOf(ts))
+	if err := c.at(ts); err != nil {
+		return err
+	}
+	return c.addHash(uint64(h))
 }
 
 // Refresh re-remembers key for a record of timestamp ts (sliding expiry):
 // it advances the watermark to ts and, if the oldest copy of key's
 // fingerprint lies in a generation older than that of ts, moves it there
-// (a Delete from the old generation and an Add to the new one), so that
-// the key lives a window past ts. The number of copies is unchanged. It
-// reports whether a copy moved. Like Delete it may move another key's
-// matching fingerprint instead (probability about the false-positive
-// rate), which only keeps that key longer. Without a window it does
-// nothing. When the generation of ts is full it returns ErrFull and leaves
-// the copy where it was.
+// by rewriting its generation tag in place, so that the key lives a
+// window past ts. The number of copies is unchanged. It reports whether a
+// copy moved. Like Delete it may move another key's matching fingerprint
+// instead (probability about the false-positive rate), which only keeps
+// that key longer. Without a window it does nothing. It reads one page per
+// sub-filter and changes at most one slot; errors are the Pager's.
 func (c *Chain) Refresh(key []byte, ts int64) (bool, error) {
 	if c.span == 0 {
 		return false, nil
@@ -818,61 +865,73 @@ func (c *Chain) RefreshHash(hh Hash, ts int64) (bool, error) {
 		return false, nil
 	}
 	c.ops++
-	c.Advance(ts)
+	if err := c.at(ts); err != nil {
+		return false, err
+	}
 	h := uint64(hh)
-	gen := c.generationOf(ts)
-	for s := range c.subs {
-		if c.subs[s].Generation >= gen {
-			break
-		}
-		removed, err := c.removeCopy(h, s)
+	// The oldest live copy: the greatest age, the newest sub-filter's
+	// first on a tie.
+	best, bestOff, bestAge := -1, -1, c.gens.age(c.tag)
+	for s := len(c.subs) - 1; s >= 0; s-- {
+		var pos position
+		pg, err := c.open(&pos, h, s)
 		if err != nil {
 			return false, err
 		}
-		if !removed {
-			continue
-		}
-		err = c.addHash(h, gen)
-		if errors.Is(err, ErrFull) {
-			// Put the copy back in the slot it just left, so that a
-			// full generation leaves the key remembered where it was.
-			if ok, perr := c.place(h, s); perr != nil || !ok {
-				return false, fmt.Errorf("%w: restoring a copy after %w", ErrCorrupt, err)
+		w := pos.sub.slotBits
+		for _, b := range [2]int{pos.b1, pos.b2} {
+			for i := range c.p.BucketSize {
+				off := b + i*w
+				if v := get(pg, off, w); pos.matches(v) {
+					if a := c.gens.age(v >> pos.sub.FingerprintBits); a > bestAge {
+						best, bestOff, bestAge = s, off, a
+					}
+				}
 			}
-			return false, err
 		}
-		return err == nil, err
 	}
-	return false, nil
-}
-
-// addHash adds h's fingerprint to generation gen: to its newest sub-filter,
-// splitting its page if need be, else to an older one or a new one
-// (placeOrGrow), or to a new one when gen has none yet.
-func (c *Chain) addHash(h uint64, gen int64) error {
-	_, hi := c.generation(gen)
-	if hi == 0 || c.subs[hi-1].Generation != gen {
-		return c.grow(h, gen)
+	if best < 0 {
+		return false, nil
 	}
 	var pos position
-	pg, err := c.open(&pos, h, hi-1)
+	pg, err := c.open(&pos, h, best)
+	if err != nil {
+		return false, err
+	}
+	sf := pos.sub
+	v := get(pg, bestOff, sf.slotBits)
+	d := max(pos.depth-(sf.maxDepth-prefixLen(sf.fingerprint(v), sf.tagBits)), 0)
+	nv := sf.fingerprint(v) | c.tag<<sf.FingerprintBits
+	sf.count(v, d, -1)
+	set(pg, bestOff, sf.slotBits, nv)
+	c.markSlot(pos.id, pg, bestOff, sf.slotBits)
+	sf.count(nv, d, 1)
+	return true, nil
+}
+
+// addHash adds h's fingerprint, with generation tag c.tag: to the newest
+// sub-filter, splitting its page if need be, else to an older one or a new
+// one (placeOrGrow).
+func (c *Chain) addHash(h uint64) error {
+	newest := len(c.subs) - 1
+	var pos position
+	pg, err := c.open(&pos, h, newest)
 	if err != nil {
 		return err
 	}
 	if pos.sub.full() {
-		return c.placeOrGrow(h, gen)
+		return c.placeOrGrow(h)
 	}
-	return c.placeSplitting(h, hi-1, &pos, pg)
+	return c.placeSplitting(h, newest, &pos, pg)
 }
 
-// placeOrGrow places h in generation gen, whose newest sub-filter could
-// not take it (its page at the deepest and full, or its share of the
-// false-positive target spent): in an older sub-filter of gen with an
-// empty slot in h's buckets and a share left (newest first: the slots
-// deletes freed), else in a new sub-filter (grow).
-func (c *Chain) placeOrGrow(h uint64, gen int64) error {
-	lo, hi := c.generation(gen)
-	for s := hi - 2; s >= lo; s-- {
+// placeOrGrow places h, which the newest sub-filter could not take (its
+// page at the deepest and full, or its share of the false-positive target
+// spent): in an older sub-filter with a free slot in h's buckets and a
+// share left (newest first: the slots deletes and expiry freed), else in
+// a new sub-filter (grow).
+func (c *Chain) placeOrGrow(h uint64) error {
+	for s := len(c.subs) - 2; s >= 0; s-- {
 		if c.subs[s].full() {
 			continue
 		}
@@ -885,23 +944,18 @@ func (c *Chain) placeOrGrow(h uint64, gen int64) error {
 			return nil
 		}
 	}
-	return c.grow(h, gen)
+	return c.grow(h)
 }
 
-// grow appends a sub-filter to generation gen (its first, sized for
-// Capacity, or one with Expansion times the root pages of its newest,
-// which could not take h) and places h there.
-func (c *Chain) grow(h uint64, gen int64) error {
-	lo, hi := c.generation(gen)
-	if hi-lo == MaxSubFilters {
+// grow appends a sub-filter with Expansion times the root pages of the
+// newest, which could not take h, and places h there.
+func (c *Chain) grow(h uint64) error {
+	n := len(c.subs)
+	if n == MaxSubFilters {
 		return fmt.Errorf("%w: %d sub-filters", ErrFull, MaxSubFilters)
 	}
-	pages := c.p.firstPages()
-	if hi > lo {
-		pages = c.p.nextPages(c.subs[hi-1].RootPages)
-	}
-	c.subs = slices.Insert(c.subs, hi, c.subFilter(gen, hi-lo, pages))
-	ok, err := c.place(h, hi)
+	c.subs = append(c.subs, c.subFilter(c.subs[n-1].share+1, c.p.nextPages(c.subs[n-1].RootPages)))
+	ok, err := c.place(h, n)
 	if err == nil && !ok {
 		// An empty sub-filter has room in the key's primary bucket.
 		err = fmt.Errorf("%w: no room in a new sub-filter", ErrCorrupt)
@@ -944,8 +998,7 @@ func (c *Chain) DeleteAllHash(hh Hash) (int, error) {
 		if err != nil {
 			return n, err
 		}
-		sf := pos.sub
-		f := sf.FingerprintBits
+		f := pos.sub.slotBits
 		for _, b := range [2]int{pos.b1, pos.b2} {
 			for i := range c.p.BucketSize {
 				off := b + i*f
@@ -965,10 +1018,10 @@ func (c *Chain) remove(pos *position, pg []byte, off int, v uint32) {
 	sf := pos.sub
 	// The depth the entry was inserted at: its page's, less the splits
 	// since, which took one prefix bit each.
-	d := pos.depth - (sf.maxDepth - prefixLen(v, sf.tagBits))
-	set(pg, off, sf.FingerprintBits, 0)
-	c.markSlot(pos.id, pg, off, sf.FingerprintBits)
-	sf.count(max(d, 0), -1)
+	d := pos.depth - (sf.maxDepth - prefixLen(sf.fingerprint(v), sf.tagBits))
+	set(pg, off, sf.slotBits, 0)
+	c.markSlot(pos.id, pg, off, sf.slotBits)
+	sf.count(v, max(d, 0), -1)
 }
 
 // removeCopy empties the slot of sub-filter s holding the longest entry
@@ -983,6 +1036,6 @@ func (c *Chain) removeCopy(h uint64, s int) (bool, error) {
 	if off < 0 {
 		return false, nil
 	}
-	c.remove(&pos, pg, off, get(pg, off, pos.sub.FingerprintBits))
+	c.remove(&pos, pg, off, get(pg, off, pos.sub.slotBits))
 	return true, nil
 }

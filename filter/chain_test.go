@@ -685,9 +685,18 @@ func TestPresize(t *testing.T) {
 	if got, limit := huge.subs[0].RootPages, p.WithDefaults().firstPages()<<presizeDoublings; got != limit {
 		t.Errorf("presized for 2^40 keys to %d root pages, want the bound %d", got, limit)
 	}
+	// A window's generations share the chain: it is presized as any, up
+	// to its first record time.
 	windowed, _ := newMem(t, Params{Capacity: 1 << 14, Window: time.Hour})
-	if windowed.Presize(uint64(2 * n)) {
-		t.Error("Presize changed a chain with a window")
+	if !windowed.Presize(uint64(1 << 20)) {
+		t.Error("Presize did nothing to a new chain with a window")
+	}
+	timed, _ := newMem(t, Params{Capacity: 1 << 14, Window: time.Hour})
+	if _, err := timed.Advance(1); err != nil {
+		t.Fatal(err)
+	}
+	if timed.Presize(uint64(1 << 20)) {
+		t.Error("Presize changed a chain with a window that saw a record time")
 	}
 }
 

@@ -26,9 +26,8 @@ func (c *Chain) place(h uint64, s int) (bool, error) {
 // placeEmpty stores pos's entry in an empty slot of either bucket of pos
 // (page pg), if one has one, and reports whether it did.
 func (c *Chain) placeEmpty(pos *position, pg []byte) bool {
-	f := pos.sub.FingerprintBits
 	for _, b := range [2]int{pos.b1, pos.b2} {
-		if off := c.findEmpty(pg, b, f); off >= 0 {
+		if off := c.findEmpty(pg, pos.sub, b); off >= 0 {
 			c.store(pos, pg, off)
 			return true
 		}
@@ -39,10 +38,11 @@ func (c *Chain) placeEmpty(pos *position, pg []byte) bool {
 // store writes pos's new entry into the empty slot at bit offset off of pg
 // and counts it.
 func (c *Chain) store(pos *position, pg []byte, off int) {
-	f := pos.sub.FingerprintBits
-	set(pg, off, f, pos.entry())
+	f := pos.sub.slotBits
+	v := pos.entry()
+	set(pg, off, f, v)
 	c.markSlot(pos.id, pg, off, f)
-	pos.sub.count(pos.depth, 1)
+	pos.sub.count(v, pos.depth, 1)
 }
 
 // placeIn is place on the page pg of pos, already read, with an eviction
@@ -51,7 +51,7 @@ func (c *Chain) placeIn(pos *position, pg []byte, kicks int) bool {
 	if c.placeEmpty(pos, pg) {
 		return true
 	}
-	f := pos.sub.FingerprintBits
+	f := pos.sub.slotBits
 	tagMask := uint32(1)<<pos.sub.tagBits - 1
 
 	// Eviction walk (Fan et al. Algorithm 1), victims chosen by a PRNG
@@ -73,7 +73,7 @@ func (c *Chain) placeIn(pos *position, pg []byte, kicks int) bool {
 		c.kicks = append(c.kicks, kick{slot: off, old: victim})
 		v = victim
 		cur = int(altLocal(uint64(cur/bb), v&tagMask, n)) * bb
-		if off := c.findEmpty(pg, cur, f); off >= 0 {
+		if off := c.findEmpty(pg, pos.sub, cur); off >= 0 {
 			set(pg, off, f, v)
 			if len(c.kicks) > maxMarkedKicks {
 				// Slots all over the page changed: the page as a whole.
@@ -84,7 +84,7 @@ func (c *Chain) placeIn(pos *position, pg []byte, kicks int) bool {
 				}
 				c.markSlot(pos.id, pg, off, f)
 			}
-			pos.sub.count(pos.depth, 1)
+			pos.sub.count(pos.entry(), pos.depth, 1)
 			return true
 		}
 	}

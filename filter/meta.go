@@ -15,8 +15,12 @@ import (
 // bucket counts per page) and stored Params.KeySpec; version 6 grows
 // sub-filters in place: variable-length entries (tag, prefix, terminating
 // bit), the alternate bucket from the tag, and per sub-filter its root
-// pages, page depths and entries by fingerprint length.
-const FormatVersion = 6
+// pages, page depths and entries by fingerprint length; version 7 keeps a
+// window's generations in the entries: a generation tag above each
+// fingerprint, entries by generation tag and length per sub-filter, the
+// sweep's cursor and the generations that took entries, and no
+// sub-filters per generation.
+const FormatVersion = 7
 
 // Hash identities in the metadata. Changing the hash is a format change.
 const (
@@ -36,9 +40,13 @@ const (
 	// magic .. target rate, window, generations, next ID, watermark,
 	// sub-filter count, seed, key spec length (the key spec follows)
 	metaHeaderLen = 4 + 1 + 1 + 1 + 1 + 4 + 2 + 4 + 8 + 8 + 8 + 1 + 4 + 8 + 2 + 16 + 2
-	// ID, generation, root pages, width, entries by length, page count
-	// (the page depths follow, two to a byte)
-	metaSubLen = 4 + 8 + 4 + 1 + 8*(MaxDepth+1) + 4
+	// with a window, after the key spec: the sweep's sub-filter index and
+	// page number, then the used generation tags, one bit each
+	metaWindowLen = 2 + 4
+	// ID, share of the false-positive budget, root pages, width, entries
+	// by length, page count (the page depths follow, two to a byte, then
+	// with a window the entries by generation tag and length, as uvarints)
+	metaSubLen = 4 + 2 + 4 + 1 + 8*(MaxDepth+1) + 4
 	metaCRCLen = 4
 )
 
@@ -56,19 +64,31 @@ type Meta struct {
 	// reports.
 	Seed       Seed
 	SubFilters []SubFilter
+
+	// With a window: the generation tags that took entries, and the
+	// sweep's cursor (Chain.Advance).
+	used                []bool
+	sweepSub, sweepPage uint32
 }
 
 // MarshalMeta encodes the chain metadata: format version, hash id, Params
 // but the key spec, next sub-filter ID, watermark, the sub-filter count,
-// hash seed, the key spec (16-bit length and bytes) and every sub-filter
-// (ID, generation, root pages, slot width, entries by fingerprint length,
-// the number N of page numbers in use and their depths, 4 bits each),
-// big endian, followed by a CRC-32C of the preceding bytes. The depths take
-// half a byte per page number, about 1/8192 of the pages' bytes. It holds the secret hash seed: store it
-// like the pages, never log it.
+// hash seed, the key spec (16-bit length and bytes), with a window the
+// sweep's cursor and the used generation tags (2^GenerationBits bits),
+// and every sub-filter (ID, root pages, fingerprint width, entries by
+// fingerprint length, the number N of page numbers in use and their
+// depths, 4 bits each, and with a window its entries by generation tag
+// and length as uvarints), big endian, followed by a CRC-32C of the
+// preceding bytes. The depths take half a byte per page number, about
+// 1/8192 of the pages' bytes. It holds the secret hash seed: store it like
+// the pages, never log it.
 func (c *Chain) MarshalMeta() []byte {
-	return Meta{FormatVersion: FormatVersion, HashID: HashSipHash24, Params: c.p,
-		NextID: c.nextID, Watermark: c.watermark, Seed: c.seed, SubFilters: c.subs}.marshal()
+	m := Meta{FormatVersion: FormatVersion, HashID: HashSipHash24, Params: c.p,
+		NextID: c.nextID, Watermark: c.watermark, Seed: c.seed, SubFilters: c.subs}
+	if c.gens != nil {
+		m.used, m.sweepSub, m.sweepPage = c.gens.used, uint32(c.sweepSub), uint32(c.sweepPage)
+	}
+	return m.marshal()
 }
 
 // Marshal encodes m as MarshalMeta encodes a chain's metadata; DecodeMeta
@@ -124,9 +144,25 @@ func (m Meta) marshal() []byte {
 	b = binary.BigEndian.AppendUint64(b, m.Seed.K1)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(m.Params.KeySpec)))
 	b = append(b, m.Params.KeySpec...)
-	for _, s := range m.SubFilters {
+	tags := 0
+	if m.Params.Window > 0 {
+		tags = 1 << m.Params.WithDefaults().genBits()
+		b = binary.BigEndian.AppendUint16(b, uint16(m.sweepSub))
+		b = binary.BigEndian.AppendUint32(b, m.sweepPage)
+		used := make([]byte, (tags+7)/8)
+		for t, u := range m.used {
+			if u {
+				used[t/8] |= 1 << (t % 8)
+			}
+		}
+		b = append(b, used...)
+	}
+	for i, s := range m.SubFilters {
 		b = binary.BigEndian.AppendUint32(b, s.ID)
-		b = binary.BigEndian.AppendUint64(b, uint64(s.Generation))
+		if s.RootPages == 0 {
+			s.share = i // described by hand
+		}
+		b = binary.BigEndian.AppendUint16(b, uint16(s.share))
 		depths := s.depths
 		if s.RootPages == 0 {
 			// Described by hand (Pages alone): a sub-filter never split.
@@ -149,6 +185,15 @@ func (m Meta) marshal() []byte {
 				v |= depths[i+1] << 4
 			}
 			b = append(b, v)
+		}
+		for t := range tags {
+			var row [MaxDepth + 1]uint64
+			if t < len(s.byTag) {
+				row = s.byTag[t]
+			}
+			for _, n := range row {
+				b = binary.AppendUvarint(b, n)
+			}
 		}
 	}
 	return append(b, m.crc(b)...)
@@ -211,8 +256,7 @@ func DecodeMeta(b []byte) (Meta, error) {
 		return Meta{}, fmt.Errorf("%w: metadata holds a key spec of %d bytes in %d", ErrCorrupt, keyLen, len(rest))
 	}
 	m.Params.KeySpec, rest = string(rest[:keyLen]), rest[keyLen:]
-	windowed := m.Params.Window > 0
-	if (n == 0 && !windowed) || n > MaxSubFilters*max(1, m.Params.liveGenerations()) {
+	if n == 0 || n > MaxSubFilters {
 		return Meta{}, fmt.Errorf("%w: %d sub-filters", ErrCorrupt, n)
 	}
 	if m.Params.Validate() != nil || m.Params != m.Params.WithDefaults() {
@@ -220,20 +264,47 @@ func DecodeMeta(b []byte) (Meta, error) {
 		// sane before anything indexes pages with it.
 		return Meta{}, fmt.Errorf("%w: metadata parameters %s", ErrCorrupt, m.Params)
 	}
+	k := newClock(m.Params)
+	tags := 0
+	if k != nil {
+		tags = len(k.used)
+		if len(rest) < metaWindowLen+(tags+7)/8 {
+			return Meta{}, fmt.Errorf("%w: metadata ends in the window's state", ErrCorrupt)
+		}
+		m.sweepSub, m.sweepPage = uint32(binary.BigEndian.Uint16(rest)), binary.BigEndian.Uint32(rest[2:])
+		rest = rest[metaWindowLen:]
+		if m.Watermark != math.MinInt64 {
+			k.newest = k.tag(generation(m.Watermark, m.Params.spanMillis()))
+		}
+		m.used = make([]bool, tags)
+		for t := range tags {
+			m.used[t] = rest[t/8]>>(t%8)&1 != 0
+			if m.used[t] && !k.live(uint32(t)) {
+				return Meta{}, fmt.Errorf("%w: expired generation tag %d marked used", ErrCorrupt, t)
+			}
+		}
+		if tags < 8 && rest[0]>>tags != 0 {
+			return Meta{}, fmt.Errorf("%w: used generation bits past the tags", ErrCorrupt)
+		}
+		rest = rest[(tags+7)/8:]
+		if int(m.sweepSub) > n {
+			return Meta{}, fmt.Errorf("%w: the sweep is at sub-filter %d of %d", ErrCorrupt, m.sweepSub, n)
+		}
+	}
 	seen := make(map[uint32]bool, n)
-	inGen := 0 // index of the sub-filter within its generation
 	for i := range n {
 		if len(rest) < metaSubLen {
 			return Meta{}, fmt.Errorf("%w: metadata ends in sub-filter %d of %d", ErrCorrupt, i, n)
 		}
+		share := int(binary.BigEndian.Uint16(rest[4:]))
 		s := SubFilter{
 			ID:              binary.BigEndian.Uint32(rest),
-			Generation:      int64(binary.BigEndian.Uint64(rest[4:])),
-			RootPages:       uint64(binary.BigEndian.Uint32(rest[12:])),
-			FingerprintBits: int(rest[16]),
+			RootPages:       uint64(binary.BigEndian.Uint32(rest[6:])),
+			FingerprintBits: int(rest[10]),
+			gens:            k,
 		}
 		for d := range s.Lengths {
-			s.Lengths[d] = binary.BigEndian.Uint64(rest[17+8*d:])
+			s.Lengths[d] = binary.BigEndian.Uint64(rest[11+8*d:])
 		}
 		pages := uint64(binary.BigEndian.Uint32(rest[metaSubLen-4:]))
 		rest = rest[metaSubLen:]
@@ -241,26 +312,18 @@ func DecodeMeta(b []byte) (Meta, error) {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d has ID %d (next ID %d, duplicates not allowed)", ErrCorrupt, i, s.ID, m.NextID)
 		}
 		seen[s.ID] = true
-		switch {
-		case !windowed && s.Generation != 0:
-			return Meta{}, fmt.Errorf("%w: sub-filter %d is in generation %d without a window", ErrCorrupt, i, s.Generation)
-		case i > 0 && s.Generation < m.SubFilters[i-1].Generation:
-			return Meta{}, fmt.Errorf("%w: sub-filter %d is in generation %d after generation %d", ErrCorrupt, i, s.Generation, m.SubFilters[i-1].Generation)
-		case i > 0 && s.Generation == m.SubFilters[i-1].Generation:
-			inGen++
-		default:
-			inGen = 0
-		}
-		if inGen >= MaxSubFilters {
-			return Meta{}, fmt.Errorf("%w: generation %d has more than %d sub-filters", ErrCorrupt, s.Generation, MaxSubFilters)
-		}
 		if s.RootPages == 0 || s.RootPages > 1<<maxPageBits {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d root pages", ErrCorrupt, i, s.RootPages)
 		}
-		if want := m.Params.SubFilterBits(inGen); s.FingerprintBits != want {
+		switch {
+		case i > 0 && share <= m.SubFilters[i-1].share, i == 0 && share != 0 && k == nil:
+			// Only a window drops sub-filters, the oldest ones.
+			return Meta{}, fmt.Errorf("%w: sub-filter %d has share %d of the budget", ErrCorrupt, i, share)
+		}
+		if want := m.Params.SubFilterBits(share); s.FingerprintBits != want {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d-bit fingerprints, its parameters give %d", ErrCorrupt, i, s.FingerprintBits, want)
 		}
-		m.Params.derive(&s, inGen)
+		m.Params.derive(&s, share)
 		if pages < s.RootPages || pages > s.RootPages<<s.maxDepth || uint64(len(rest)) < (pages+1)/2 {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d page numbers for %d root pages in %d bytes", ErrCorrupt, i, pages, s.RootPages, len(rest))
 		}
@@ -280,6 +343,27 @@ func DecodeMeta(b []byte) (Meta, error) {
 		}
 		if s.Items > s.Slots(m.Params.BucketSize) {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d holds %d items in %d slots", ErrCorrupt, i, s.Items, s.Slots(m.Params.BucketSize))
+		}
+		if k != nil {
+			s.byTag = make([][MaxDepth + 1]uint64, tags)
+			var sum [MaxDepth + 1]uint64
+			for t := range tags {
+				for d := range MaxDepth + 1 {
+					v, l := binary.Uvarint(rest)
+					if l <= 0 {
+						return Meta{}, fmt.Errorf("%w: sub-filter %d: entries of generation tag %d unreadable", ErrCorrupt, i, t)
+					}
+					rest = rest[l:]
+					if v != 0 && !k.live(uint32(t)) {
+						return Meta{}, fmt.Errorf("%w: sub-filter %d counts %d entries of expired generation tag %d", ErrCorrupt, i, v, t)
+					}
+					s.byTag[t][d] = v
+					sum[d] += v
+				}
+			}
+			if sum != s.Lengths {
+				return Meta{}, fmt.Errorf("%w: sub-filter %d: entries by generation %v do not add up to %v", ErrCorrupt, i, sum, s.Lengths)
+			}
 		}
 		m.SubFilters = append(m.SubFilters, s)
 	}

@@ -24,20 +24,35 @@ func (r *askedPager) Page(id PageID) ([]byte, error) {
 // HasPage accepts, a dropped sub-filter's pages, a page past a sub-filter's
 // count and a sub-filter not yet made are not, and Marshal round-trips.
 func TestMetaHasPage(t *testing.T) {
-	p := Params{FingerprintBits: 16, Capacity: 512, PageBytes: 512, Window: 4 * time.Second, Generations: 2}
+	p := Params{FingerprintBits: 16, Capacity: 64, PageBytes: 512, Window: 4 * time.Second, Generations: 2}
 	pager := &askedPager{MemPager: NewMemPager(512), asked: map[PageID]bool{}}
 	c, err := NewWithSeed(p, testSeed, pager)
 	if err != nil {
 		t.Fatal(err)
 	}
 	span := p.WithDefaults().SpanMillis()
-	for i := range 20000 {
-		ts := int64(i/2000) * span // ten generations, 2000 keys each
-		if c.Advance(ts) > 0 {
-			clear(pager.asked) // the dropped sub-filters' pages are no longer the chain's
+	// A burst of keys in generation 0 fills a sub-filter grown to its
+	// deepest and appends another; a window later the first holds no live
+	// entry and is dropped; a second burst, in generation 5, appends a
+	// third.
+	i := 0
+	for gen := range int64(6) {
+		n := 1000
+		switch gen {
+		case 0:
+			n = 40_000
+		case 5:
+			n = 52_000
 		}
-		if _, err := c.InsertAt(key("k", i), ts); err != nil {
-			t.Fatal(err)
+		for range n {
+			first := c.subs[0].ID
+			if _, err := c.InsertAt(key("k", i), gen*span); err != nil {
+				t.Fatal(err)
+			}
+			if c.subs[0].ID != first {
+				clear(pager.asked) // the dropped sub-filter's pages are no longer the chain's
+			}
+			i++
 		}
 	}
 	m, err := DecodeMeta(c.MarshalMeta())

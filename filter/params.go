@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 	"strings"
 	"time"
@@ -129,9 +130,10 @@ type Params struct {
 	PageBytes int
 	// Window, when set, makes the chain forget keys by record timestamp:
 	// the timeline is cut into generations of Window/Generations (the
-	// span, in whole milliseconds), a key is inserted into the generation
-	// of its record's timestamp, and a generation is dropped whole once the
-	// highest timestamp seen (the watermark) is a window past its end. A
+	// span, in whole milliseconds), a key's entry is tagged with the
+	// generation of its record's timestamp, and a generation expires once
+	// the highest timestamp seen (the watermark) is a window past its end:
+	// its entries match nothing from then on and their slots are free. A
 	// key is therefore remembered while the watermark is less than a window
 	// past its timestamp, and forgotten once it is a window plus one span
 	// past it. 0 (default) remembers every key until it is deleted. See
@@ -139,9 +141,9 @@ type Params struct {
 	Window time.Duration
 	// Generations is how many generations a window holds (default 8 when
 	// Window is set, 1 to 64): more generations expire keys closer to the
-	// window (the overshoot is one span) at the price of more sub-filters
-	// and a tighter false-positive budget each, since G+1 generations are
-	// live at once (see SubFilterBits).
+	// window (the overshoot is one span) at the price of a wider
+	// generation tag in every slot (GenerationBits: 4 bits up to 14
+	// generations, 5 up to 30, 6 up to 62, 7 above).
 	Generations int
 	// KeySpec names how the caller derives the keys it inserts (dedup
 	// stores its key spec, KDEDUP_KEY, here; default empty). The filter does
@@ -234,6 +236,9 @@ func (p Params) Validate() error {
 	} else if p.Window > 0 && p.Window.Milliseconds() < int64(p.Generations) {
 		l.Add("Window", p.Window, fmt.Sprintf("must be at least one millisecond per generation (%d)", p.Generations))
 	}
+	if p.Window > 0 && !l.Has("Generations") && !l.Has("FingerprintBits") && p.FingerprintBits > p.maxFingerprintBits() {
+		l.Add("FingerprintBits", p.FingerprintBits, fmt.Sprintf("must be at most %d with a window of %d generations: a slot holds 32 bits, %d of them the generation tag", p.maxFingerprintBits(), p.Generations, p.genBits()))
+	}
 	if len(p.KeySpec) > maxKeySpecBytes {
 		l.Add("KeySpec", fmt.Sprintf("(%d bytes)", len(p.KeySpec)), fmt.Sprintf("must be at most %d bytes", maxKeySpecBytes))
 	}
@@ -256,7 +261,7 @@ func (p Params) MaxCapacity() uint64 {
 	case p.BucketSize < 1, p.PageBytes < 1, p.SubFilterBits(0) < MinFingerprintBits:
 		return 0
 	}
-	perPage := p.bucketsPerPage(p.SubFilterBits(0)) * uint64(p.BucketSize)
+	perPage := p.bucketsPerPage(p.slotBits(0)) * uint64(p.BucketSize)
 	return perPage << maxPageBits
 }
 
@@ -435,18 +440,42 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// liveGenerations is how many generations can hold keys at once: G+1 with
-// a window (the one the watermark is in and the G before it), 1 without.
-func (p Params) liveGenerations() int {
-	if p.spanMillis() == 0 {
-		return 1
-	}
-	return p.Generations + 1
+// GenerationBits is the width of the generation tag each entry of a
+// windowed chain stores beside its fingerprint (0 without a window): the
+// least t with 2^t >= Generations+2, 4 bits at the default 8 generations.
+// G+1 generations are live at once; the tags of the generations that
+// expired before them are told apart by age modulo 2^t, and the chain
+// clears every entry of an expired generation before its tag comes back
+// (Chain.Advance), which needs one tag value beyond the live ones.
+func (p Params) GenerationBits() int {
+	p = p.WithDefaults()
+	return p.genBits()
 }
 
-// SubFilterBits is the slot width W of sub-filter i of a generation (0
-// is the generation's oldest; without a window the chain is one
-// generation).
+// genBits is GenerationBits of p with its defaults already applied.
+func (p Params) genBits() int {
+	if p.spanMillis() == 0 {
+		return 0
+	}
+	return bits.Len(uint(p.Generations + 1))
+}
+
+// maxFingerprintBits is the widest fingerprint a slot of p holds: 32 bits
+// less the generation tag.
+func (p Params) maxFingerprintBits() int { return MaxFingerprintBits - p.genBits() }
+
+// SlotBits is the width of a slot of sub-filter i: its fingerprint
+// (SubFilterBits) and the generation tag (GenerationBits).
+func (p Params) SlotBits(i int) int {
+	p = p.WithDefaults()
+	return p.slotBits(i)
+}
+
+func (p Params) slotBits(i int) int { return p.SubFilterBits(i) + p.genBits() }
+
+// SubFilterBits is the fingerprint width W of sub-filter i of the chain
+// (0 is its oldest): the bits of an entry that hold its key's hash. A slot
+// holds W bits and, with a window, the generation tag (SlotBits).
 //
 // With FingerprintBits set it is that width. Otherwise the chain keeps its
 // false-positive rate under TargetFPR by a geometric budget, as scalable
@@ -461,48 +490,48 @@ func (p Params) liveGenerations() int {
 //	W_i = ⌈log2(2b(MaxDepth+2)/ε_i)⌉ = ⌈log2(2b(MaxDepth+2)/ε) + 1 + i⌉
 //
 // bits: 21 for the first sub-filter with b=4 and ε=1e-4, 22 for the
-// second, and so on, clamped to 4..32 bits; past 32 bits the chain can no
-// longer keep the target, and Stats.EstimatedFPR shows by how much. A
-// sub-filter whose estimated rate reaches ε_i takes no more keys (the
-// chain appends the next), unless its width is clamped at 32 bits: the
-// next would be no wider.
+// second, and so on, clamped to 4..32 bits (less the generation tag with a
+// window); past that the chain can no longer keep the target, and
+// Stats.EstimatedFPR shows by how much. A sub-filter whose estimated rate
+// reaches ε_i takes no more keys (the chain appends the next), unless its
+// width is clamped: the next would be no wider.
 //
-// With a window, G+1 generations are live at once and a lookup checks them
-// all, so each generation gets ε = TargetFPR/(G+1) and the budget above
-// within it: log2(G+1) more bits per key (24 bits instead of 21 for the
-// first sub-filter at the defaults with 8 generations), the price of
-// expiring keys by dropping whole generations instead of one by one.
+// A window does not change the widths: a lookup probes one page per
+// sub-filter whatever the generations, and an expired entry matches
+// nothing, so the budget is the one of a chain without a window holding
+// the live keys; the generation tag costs GenerationBits more per slot.
 func (p Params) SubFilterBits(i int) int {
 	if p.FingerprintBits != 0 {
 		return p.FingerprintBits
 	}
 	f := int(math.Ceil(math.Log2(2 * float64(p.BucketSize) * (MaxDepth + 2) / p.subFilterShare(i))))
-	return min(max(f, MinFingerprintBits), MaxFingerprintBits)
+	return min(max(f, MinFingerprintBits), p.maxFingerprintBits())
 }
 
-// subFilterShare is ε_i, the false-positive rate sub-filter i of a
-// generation may reach (SubFilterBits); +Inf with FingerprintBits set.
+// subFilterShare is ε_i, the false-positive rate sub-filter i may reach
+// (SubFilterBits); +Inf with FingerprintBits set.
 func (p Params) subFilterShare(i int) float64 {
 	if p.FingerprintBits != 0 {
 		return math.Inf(1)
 	}
-	target := p.TargetFPR / float64(p.liveGenerations())
-	return target * (1 - tightening) * math.Pow(tightening, float64(i))
+	return p.TargetFPR * (1 - tightening) * math.Pow(tightening, float64(i))
 }
 
 // derive sets the fields of sf, sub-filter i of its generation, that follow
 // from Params and its width: the split of its slots, the buckets per page
 // and the weight at which it has spent its share of the target.
 func (p Params) derive(sf *SubFilter, i int) {
+	sf.share = i
 	sf.maxDepth, sf.tagBits = depthBits(sf.FingerprintBits)
-	sf.bucketsPerPage = p.bucketsPerPage(sf.FingerprintBits)
+	sf.slotBits = sf.FingerprintBits + p.genBits()
+	sf.bucketsPerPage = p.bucketsPerPage(sf.slotBits)
 	share := p.subFilterShare(i)
 	limit := share * float64(sf.bucketsPerPage) * float64(sf.RootPages) * math.Exp2(float64(sf.FingerprintBits-2+sf.maxDepth))
 	// A width clamped at MaxFingerprintBits cannot keep its share, and the
 	// sub-filters after it are no wider: they would each take no key. Such
 	// a chain grows as one of fixed widths, over the target
 	// (Stats.EstimatedFPR shows by how much).
-	clamped := math.Log2(2*float64(p.BucketSize)*(MaxDepth+2)/share) > MaxFingerprintBits
+	clamped := math.Log2(2*float64(p.BucketSize)*(MaxDepth+2)/share) > float64(p.maxFingerprintBits())
 	if clamped || limit >= math.MaxUint64/2 || math.IsInf(limit, 1) {
 		sf.maxWeight = math.MaxUint64
 	} else {
@@ -510,7 +539,7 @@ func (p Params) derive(sf *SubFilter, i int) {
 	}
 }
 
-// bucketsPerPage is how many buckets of f-bit slots a page holds:
+// bucketsPerPage is how many buckets of f-bit slots (SlotBits) a page holds:
 // not a power of two in general, as slots are bit-packed, but even,
 // so that every bucket has a partner other than itself (altLocal). An odd
 // count leaves the page's last bucket unused: 1/391 of the slots at the
@@ -524,7 +553,7 @@ func (p Params) bucketsPerPage(f int) uint64 {
 // index is a multiply-shift, see Chain.locate). It grows in place from
 // there.
 func (p Params) firstPages() uint64 {
-	perPage := p.bucketsPerPage(p.SubFilterBits(0)) * uint64(p.BucketSize)
+	perPage := p.bucketsPerPage(p.slotBits(0)) * uint64(p.BucketSize)
 	return max(1, (p.Capacity+perPage-1)/perPage)
 }
 

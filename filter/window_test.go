@@ -1,7 +1,9 @@
 package filter
 
 import (
+	"bytes"
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -54,13 +56,13 @@ func (m *windowModel) refresh(k string, ts int64) {
 // window, some refreshes and deletes) and checks every answer against the
 // exact model, and the bounds the window promises: a key is remembered while
 // the watermark is less than a window past its timestamp and forgotten once
-// it is a window plus one span past it. 32-bit fingerprints keep false
+// it is a window plus one span past it. 29-bit fingerprints keep false
 // positives out of the comparison (about 2e-9 per sub-filter per lookup;
 // the seed is fixed, so a collision would fail every run, not some).
 func TestWindowExpiry(t *testing.T) {
 	const window = 8 * time.Second
 	for _, refresh := range []bool{false, true} {
-		p := Params{FingerprintBits: 32, Capacity: 300, PageBytes: 256, Window: window, Generations: 4}
+		p := Params{FingerprintBits: 29, Capacity: 300, PageBytes: 256, Window: window, Generations: 4}
 		span := p.WithDefaults().spanMillis()
 		c, pager := newMem(t, p)
 		m := newWindowModel(p)
@@ -140,7 +142,7 @@ func TestWindowExpiry(t *testing.T) {
 // TestWindowRefreshSlides checks sliding expiry on one key: re-seen just
 // before its window ends, it lives another window; not re-seen, it goes.
 func TestWindowRefreshSlides(t *testing.T) {
-	p := Params{FingerprintBits: 32, Capacity: 1000, PageBytes: 512, Window: 10 * time.Second, Generations: 10}
+	p := Params{FingerprintBits: 28, Capacity: 1000, PageBytes: 512, Window: 10 * time.Second, Generations: 10}
 	c, _ := newMem(t, p)
 	k, other := []byte("k"), []byte("other")
 	if !must(c.InsertAt(k, 0)) {
@@ -168,21 +170,29 @@ func TestWindowRefreshSlides(t *testing.T) {
 	}
 }
 
-// TestWindowReopenKeepsIDsUnique checks that the metadata keeps the
-// watermark and the ID counter: after generations expire and the chain is
-// reopened, new sub-filters never reuse an ID (pages of a dropped ID may
-// still be waiting to be deleted).
-func TestWindowReopenKeepsIDsUnique(t *testing.T) {
+// TestWindowReopenIsDeterministic: a windowed chain reopened from its
+// metadata every 700 keys (the sweep's cursor, the used generations and
+// the entries by generation go with it) ends in exactly the state of one
+// never reopened, with the same seed and input: metadata and pages.
+func TestWindowReopenIsDeterministic(t *testing.T) {
 	p := Params{FingerprintBits: 16, Capacity: 100, PageBytes: 256, Window: time.Second, Generations: 2}
+	twin, twinPager := newMem(t, p)
 	c, pager := newMem(t, p)
-	used := map[uint32]bool{}
 	for i := range 5000 {
-		if _, err := c.InsertAt(key("k", i), int64(i)); err != nil {
-			t.Fatal(err)
+		ts := int64(i)
+		if i%10 == 3 {
+			ts -= 600 // out of order, some older than the window
+		}
+		for _, x := range []*Chain{c, twin} {
+			if _, err := x.InsertAt(key("k", i%1800), ts); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := x.Refresh(key("k", i%900), ts); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if i%700 == 0 {
-			meta := c.MarshalMeta()
-			re, err := Open(meta, p, pager)
+			re, err := Open(c.MarshalMeta(), p, pager)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -191,32 +201,21 @@ func TestWindowReopenKeepsIDsUnique(t *testing.T) {
 			}
 			c = re
 		}
-		for _, sf := range c.SubFilters() {
-			used[sf.ID] = true
-		}
 	}
 	if s := c.Stats(); s.Watermark != 4999 || s.Generations != 3 {
 		t.Fatalf("watermark %d with %d generations, want 4999 and 3", s.Watermark, s.Generations)
 	}
-	ids := map[uint32]bool{}
-	for _, sf := range c.SubFilters() {
-		if ids[sf.ID] {
-			t.Fatalf("ID %d used twice", sf.ID)
-		}
-		ids[sf.ID] = true
+	if !bytes.Equal(c.MarshalMeta(), twin.MarshalMeta()) {
+		t.Fatal("metadata of the reopened chain differs from its twin's")
 	}
-	if len(used) <= len(ids) {
-		t.Fatalf("%d IDs ever used, %d live: no generation expired", len(used), len(ids))
-	}
-	for id := range used {
-		if id >= c.nextID {
-			t.Fatalf("ID %d at or past the next ID %d", id, c.nextID)
-		}
+	if !maps.EqualFunc(pager.Pages(), twinPager.Pages(), bytes.Equal) {
+		t.Fatal("pages of the reopened chain differ from its twin's")
 	}
 }
 
-// TestOverlayDropFollowsCommit checks that a generation dropped inside a
-// staged round reaches the base Pager only when the round commits.
+// TestOverlayDropFollowsCommit checks that a sub-filter dropped inside a
+// staged round (it held only keys of a generation that expired) reaches
+// the base Pager only when the round commits.
 func TestOverlayDropFollowsCommit(t *testing.T) {
 	p := Params{FingerprintBits: 16, Capacity: 100, PageBytes: 256, Window: time.Second, Generations: 1}
 	base := NewMemPager(256)
@@ -224,29 +223,37 @@ func TestOverlayDropFollowsCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	must(c.InsertAt([]byte("old"), 0))
+	// A burst fills the first sub-filter and appends a second.
+	for i := 0; c.Len() < 2; i++ {
+		must(c.InsertAt(key("old", i), 0))
+	}
+	// The second, the newest, holds a key of a later generation.
+	must(c.InsertAt([]byte("later"), 1_500))
 	ov := NewOverlay(base)
 	stable := c.MarshalMeta()
 	staged, err := Open(stable, p, ov)
 	if err != nil {
 		t.Fatal(err)
 	}
-	must(staged.InsertAt([]byte("new"), 5_000)) // drops generation 0
-	if must(staged.Contains([]byte("old"))) {
+	must(staged.InsertAt([]byte("new"), 2_000)) // generation 0 expires: the first sub-filter is empty
+	if staged.Len() != 1 || staged.SubFilters()[0].ID != 1 {
+		t.Fatalf("sub-filters %+v after generation 0 expired, want the second alone", staged.SubFilters())
+	}
+	if must(staged.Contains(key("old", 0))) {
 		t.Fatal("expired key still present in the staged chain")
 	}
 	ov.Discard()
-	if len(base.Pages()) == 0 {
+	if !slices.ContainsFunc(slices.Collect(maps.Keys(base.Pages())), func(id PageID) bool { return id.SubFilter == 0 }) {
 		t.Fatal("Discard let the drop reach the base")
 	}
 	restored, err := Open(stable, p, ov)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !must(restored.Contains([]byte("old"))) {
+	if !must(restored.Contains(key("old", 0))) {
 		t.Fatal("key lost after the aborted round")
 	}
-	must(restored.InsertAt([]byte("new"), 5_000))
+	must(restored.InsertAt([]byte("new"), 2_000))
 	if err := ov.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -265,25 +272,41 @@ func TestWindowParams(t *testing.T) {
 		{Params{Window: -time.Second}, "Window"},
 		{Params{Window: time.Hour, Generations: 65}, "Generations"},
 		{Params{Window: 3 * time.Millisecond, Generations: 4}, "Window"},
+		{Params{Window: time.Hour, FingerprintBits: 29}, "FingerprintBits"},
 	} {
 		if err := tc.p.WithDefaults().Validate(); !slices.Equal(problemFields(err), []string{tc.want}) {
 			t.Errorf("Validate(%s) = %v, want one problem, naming %s", tc.p, err, tc.want)
 		}
 	}
+	if err := (Params{Window: time.Hour, FingerprintBits: 28}).WithDefaults().Validate(); err != nil {
+		t.Errorf("28-bit fingerprints and a 4-bit tag: %v", err)
+	}
 	if g := (Params{Window: time.Hour}).WithDefaults().Generations; g != DefaultGenerations {
 		t.Errorf("default generations %d, want %d", g, DefaultGenerations)
 	}
-	// Each of the G+1 live generations gets TargetFPR/(G+1).
+	// The tag holds the G+1 live generations and one more: the least t
+	// with 2^t >= G+2.
+	for g := 1; g <= MaxGenerations; g++ {
+		want := 0
+		for 1<<want < g+2 {
+			want++
+		}
+		if got := (Params{Window: time.Hour, Generations: g}).GenerationBits(); got != want {
+			t.Errorf("%d generations: %d-bit tags, want %d", g, got, want)
+		}
+	}
+	if got := (Params{}).GenerationBits(); got != 0 {
+		t.Errorf("no window: %d-bit tags, want none", got)
+	}
+	// A window keeps the fingerprint widths of the same chain without
+	// one; its slots are wider by the tag.
 	plain, windowed := Params{}.WithDefaults(), Params{Window: time.Hour}.WithDefaults()
 	for i := range 3 {
-		budget := windowed.TargetFPR / 9 / float64(int64(2)<<i)
-		// 2b(MaxDepth+2)/2^f: the rate of a sub-filter grown in place to
-		// its deepest (SubFilterBits).
-		if f := windowed.SubFilterBits(i); ExpectedFPR(4, f, MaxDepth+2) > budget || ExpectedFPR(4, f-1, MaxDepth+2) <= budget {
-			t.Errorf("sub-filter %d: %d bits is not the narrowest width under the budget %g", i, f, budget)
+		if windowed.SubFilterBits(i) != plain.SubFilterBits(i) {
+			t.Errorf("sub-filter %d: windowed width %d, plain %d", i, windowed.SubFilterBits(i), plain.SubFilterBits(i))
 		}
-		if windowed.SubFilterBits(i) <= plain.SubFilterBits(i) {
-			t.Errorf("sub-filter %d: windowed width %d not above the plain %d", i, windowed.SubFilterBits(i), plain.SubFilterBits(i))
+		if windowed.SlotBits(i) != plain.SlotBits(i)+4 || plain.SlotBits(i) != plain.SubFilterBits(i) {
+			t.Errorf("sub-filter %d: slots of %d bits windowed, %d plain", i, windowed.SlotBits(i), plain.SlotBits(i))
 		}
 	}
 }
@@ -295,12 +318,12 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-// TestRefreshIntoAFullGenerationKeepsTheCopy: when the generation a copy
-// would move to is full (MaxSubFilters sub-filters, reachable with
-// Expansion 1), Refresh returns ErrFull and the copy stays where it was:
-// the key is still remembered, on its former schedule.
-func TestRefreshIntoAFullGenerationKeepsTheCopy(t *testing.T) {
-	p := Params{FingerprintBits: 16, Capacity: 1, PageBytes: 256, MaxKicks: 1, Expansion: 1, Window: time.Second, Generations: 1}
+// TestRefreshInAFullChain: Refresh rewrites a copy's generation tag in
+// place, so it moves the key even when no key can be placed any more
+// (MaxSubFilters sub-filters, reachable with Expansion 1): the key is
+// remembered on its new schedule and the number of copies is unchanged.
+func TestRefreshInAFullChain(t *testing.T) {
+	p := Params{FingerprintBits: 28, Capacity: 1, PageBytes: 256, MaxKicks: 1, Expansion: 1, Window: time.Second, Generations: 1}
 	c, _ := newMem(t, p)
 	old := make([][]byte, 300)
 	for i := range old {
@@ -318,30 +341,29 @@ func TestRefreshIntoAFullGenerationKeepsTheCopy(t *testing.T) {
 		}
 	}
 	items := c.Stats().Items
-	refused := 0
 	for _, k := range old {
+		locs := must(c.Locate(k))
+		if len(locs) != 1 || locs[0].Copies != 1 {
+			t.Fatalf("%s: copies %+v before Refresh, want one", k, locs)
+		}
 		moved, err := c.Refresh(k, 1000)
-		switch {
-		case errors.Is(err, ErrFull):
-			refused++
-			if moved {
-				t.Fatalf("%s: Refresh reports a move with ErrFull", k)
-			}
-			locs, err := c.Locate(k)
-			if err != nil || len(locs) != 1 || locs[0].SubFilter.Generation != 0 || locs[0].Copies != 1 {
-				t.Fatalf("%s: after ErrFull its copies are %+v, %v; want one in generation 0", k, locs, err)
-			}
-		case err != nil:
-			t.Fatal(err)
+		if err != nil || moved != slices.Contains(locs[0].Generations, 0) {
+			t.Fatalf("%s: Refresh = %v, %v with its copy in generations %v", k, moved, err, locs[0].Generations)
 		}
-		if ok, err := c.Contains(k); err != nil || !ok {
-			t.Fatalf("%s: Contains = %v, %v after Refresh", k, ok, err)
+		if locs := must(c.Locate(k)); len(locs) != 1 || !slices.Equal(locs[0].Generations, []int64{1}) {
+			t.Fatalf("%s: after Refresh its copies are %+v; want one in generation 1", k, locs)
 		}
-	}
-	if refused == 0 {
-		t.Fatal("no Refresh met the full generation")
 	}
 	if got := c.Stats().Items; got != items {
 		t.Fatalf("%d items after the refreshes, %d before", got, items)
+	}
+	// Generation 0 expires at 2000; the refreshed keys live on.
+	if _, err := c.Advance(2000); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range old {
+		if !must(c.Contains(k)) {
+			t.Fatalf("%s: forgotten when generation 0 expired, refreshed into 1", k)
+		}
 	}
 }
