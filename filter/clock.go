@@ -1,6 +1,9 @@
 package filter
 
-import "math"
+import (
+	"math"
+	"math/bits"
+)
 
 // The generations of a window, built into the entries: each entry of a
 // windowed chain carries the tag of its generation (GenerationBits bits
@@ -45,6 +48,15 @@ func (k *clock) live(tag uint32) bool { return k.age(tag) <= k.maxAge }
 // tag is the tag of generation gen.
 func (k *clock) tag(gen int64) uint32 { return uint32(gen) & k.mask }
 
+// passGens is the number of generations P one pass of the sweep takes:
+// 2^GenerationBits - 1 - Generations (7 at the defaults). A pass visits
+// every page once, a block of about 1/P of them in each generation, so
+// that a page is visited once every P generations exactly; a visit clears
+// every expired entry, whose age is then at most Generations, and it is
+// at most Generations + P = 2^GenerationBits - 1 at the next visit: no
+// entry lives to see its tag come back.
+func (k *clock) passGens() int64 { return int64(k.mask) - int64(k.maxAge) }
+
 // Advance moves the watermark, the highest record timestamp seen (ts, in
 // milliseconds since the Unix epoch), to ts if ts is higher, and expires
 // every generation that ended a window or more before the new watermark:
@@ -55,18 +67,23 @@ func (k *clock) tag(gen int64) uint32 { return uint32(gen) & k.mask }
 //
 // Expired entries are reclaimed by the inserts that meet them (a slot of
 // an expired entry is an empty slot to Insert, Add, eviction walks and
-// splits) and by a sweep that Advance runs: while the watermark crosses a
-// generation's span it reads every page of the chain once, in order, a
-// share of the pages in step with the watermark's progress through the
-// span, and clears the entries whose tag is about to come back
-// (2^GenerationBits - 1 generations old). A watermark that jumps two
-// generations or more sweeps every page at once, clearing every entry the
-// jump expired. So no entry is ever 2^GenerationBits generations old, and
-// a tag's age is exact. The sweep is a function of the watermark and the
-// pages, not of the wall clock: replays reproduce it. Its errors are the
-// Pager's, wrapped; the chain's counts are then already those of the new
-// watermark, and the caller should stop using the chain (a partition
-// stops), as for any storage error.
+// splits) and by a sweep that Advance runs: over P = 2^GenerationBits - 1
+// - Generations generations (7 at the defaults) it reads every page of the
+// chain once, in order, a block of about 1/P of them in each generation,
+// in step with the watermark's progress through the generation's span,
+// and clears the expired entries of the pages it reads. A page is read
+// once every P generations, so an entry has been cleared before it is
+// 2^GenerationBits generations old, and a tag's age (modulo
+// 2^GenerationBits) is its true age. A watermark that jumps two
+// generations or more reads every page at once, clearing every entry the
+// jump expires. The sweep is a function of the watermark and the pages,
+// not of the wall clock: replays reproduce it. It costs a read of every
+// page per P generations (at 1,000 entries a page, about 1/6,000 of a
+// page read per key a window holds). Sub-filters older than the newest
+// that hold no live entry leave the chain (Pager.Drop), oldest first.
+// Errors are the Pager's, wrapped; the chain's counts are then already
+// those of the new watermark, and the caller should stop using the chain
+// (a partition stops), as for any storage error.
 //
 // Time is the records' own: the wall clock is never read, so the state stays
 // a function of the input and replays reproduce it. Out-of-order records
@@ -83,115 +100,179 @@ func (c *Chain) Advance(ts int64) (int, error) {
 		return 0, nil
 	}
 	k := generation(ts, c.span)
+	g := c.gens
 	if c.watermark == math.MinInt64 {
 		// Entries stored before any timestamp (Insert, Add) are a window
 		// older than any: they expire now, as every generation before.
 		c.watermark = ts
 		expired := 0
-		for t, u := range c.gens.used {
+		for t, u := range g.used {
 			if u {
 				expired++
-				c.gens.used[t] = false
+				g.used[t] = false
 			}
 			for i := range c.subs {
 				c.subs[i].expire(uint32(t))
 			}
 		}
-		c.sweepSub, c.sweepPage = 0, 0
 		var err error
 		if expired > 0 {
-			err = c.sweepRest(0)
+			c.sweepSub, c.sweepPage = 0, 0
+			err = c.sweepUntil(c.pagePositions(), 0)
 		}
-		c.gens.newest = c.gens.tag(k)
-		c.dropEmpty()
-		c.sweepSub, c.sweepPage = 0, 0
-		if err != nil {
-			return expired, err
-		}
-		return expired, c.sweepTo(ts, c.gens.mask)
+		return expired, c.startAt(k, ts, err)
 	}
 	old := generation(c.watermark, c.span)
 	c.watermark = ts
 	if k == old {
-		return 0, c.sweepTo(ts, c.gens.mask)
+		return 0, c.sweepUntil(c.sweepTarget(ts), g.maxAge+1)
 	}
-	// The pass of generation old ends: with the ages of old (the clock
-	// still stands there), clear what must not see the next generation.
+	// The clock still stands at old: finish old's block, or, past a jump,
+	// read every page, clearing what is expired at k (older than G at k).
 	j := k - old
 	var err error
 	if j == 1 {
-		err = c.sweepRest(c.gens.mask)
+		err = c.sweepUntil(c.blockEnd(old), g.maxAge+1)
 	} else {
-		// Every entry the jump expires: older than G at k.
 		c.sweepSub, c.sweepPage = 0, 0
-		err = c.sweepRest(uint32(max(int64(c.gens.maxAge)+1-j, 0)))
+		err = c.sweepUntil(c.pagePositions(), uint32(max(int64(g.maxAge)+1-j, 0)))
 	}
 	// Expire the generations the jump passed, the live ones of old only.
 	expired := 0
-	for g := old - int64(c.gens.maxAge); g < min(k-int64(c.gens.maxAge), old+1); g++ {
-		t := c.gens.tag(g)
-		if c.gens.used[t] {
+	for gen := old - int64(g.maxAge); gen < min(k-int64(g.maxAge), old+1); gen++ {
+		t := g.tag(gen)
+		if g.used[t] {
 			expired++
-			c.gens.used[t] = false
+			g.used[t] = false
 		}
 		for i := range c.subs {
 			c.subs[i].expire(t)
 		}
 	}
+	if j == 1 {
+		g.newest = g.tag(k)
+		c.dropEmpty()
+		if floorMod(k, g.passGens()) == 0 {
+			c.sweepSub, c.sweepPage = 0, 0 // a new pass
+		}
+		if err != nil {
+			return expired, err
+		}
+		return expired, c.sweepUntil(c.sweepTarget(ts), g.maxAge+1)
+	}
+	return expired, c.startAt(k, ts, err)
+}
+
+// startAt sets the clock to generation k after every page was read (or
+// the chain was empty): the pass of k stands at the start of k's block,
+// and the sweep goes on to ts. err is an error of the reading, returned
+// unchanged after the clock is set.
+func (c *Chain) startAt(k, ts int64, err error) error {
 	c.gens.newest = c.gens.tag(k)
 	c.dropEmpty()
 	c.sweepSub, c.sweepPage = 0, 0
 	if err != nil {
-		return expired, err
+		return err
 	}
-	return expired, c.sweepTo(ts, c.gens.mask)
+	c.skipTo(c.blockEnd(k - 1))
+	if floorMod(k, c.gens.passGens()) == 0 {
+		c.sweepSub, c.sweepPage = 0, 0
+	}
+	return c.sweepUntil(c.sweepTarget(ts), c.gens.maxAge+1)
 }
 
-// dropEmpty drops the sub-filters older than the newest that hold no live
-// entry, once their generations expired: a chain that grew for a burst of
-// keys goes back to one page a lookup and gives the pages back a window
-// after the burst (Pager.Drop). The newest is kept, to take inserts.
+// dropEmpty drops the oldest sub-filters, older than the newest, while
+// they hold no live entry: a chain that grew for a burst of keys goes
+// back to one page a lookup and gives the pages back a window after the
+// burst (Pager.Drop). Only the oldest leave, so that no page's place in
+// the sweep's order moves later. The newest is kept, to take inserts.
 func (c *Chain) dropEmpty() {
 	n := 0
-	for i := range c.subs {
-		if i < len(c.subs)-1 && c.subs[i].Items == 0 {
-			c.pager.Drop(c.subs[i].ID)
-			continue
-		}
-		c.subs[n] = c.subs[i]
+	for n < len(c.subs)-1 && c.subs[n].Items == 0 {
+		c.pager.Drop(c.subs[n].ID)
 		n++
 	}
-	clear(c.subs[n:])
-	c.subs = c.subs[:n]
+	if n == 0 {
+		return
+	}
+	c.subs = append(c.subs[:0], c.subs[n:]...)
+	if c.sweepSub < n {
+		c.sweepSub, c.sweepPage = 0, 0
+	} else {
+		c.sweepSub -= n
+	}
 }
 
-// sweepTo sweeps the pages of the current pass up to the share of the
-// chain's page numbers that ts has reached in its generation's span.
-func (c *Chain) sweepTo(ts int64, minAge uint32) error {
-	total := uint64(0)
+// pagePositions is the number of page numbers of the chain, in the
+// sweep's order: every sub-filter's, oldest first. A page number keeps its
+// position as the chain grows (only the newest sub-filter splits pages,
+// whose new numbers are its highest, and new sub-filters come last).
+func (c *Chain) pagePositions() uint64 {
+	var n uint64
 	for i := range c.subs {
-		total += uint64(len(c.subs[i].depths))
+		n += uint64(len(c.subs[i].depths))
 	}
-	k := generation(ts, c.span)
-	into := uint64(ts - k*c.span) // ms into the span, < span
-	target := (into*total + uint64(c.span) - 1) / uint64(c.span)
-	done := c.sweepPage
-	for i := range c.sweepSub {
-		if i < len(c.subs) {
-			done += uint64(len(c.subs[i].depths))
-		}
-	}
-	for ; done < target && c.sweepSub < len(c.subs); done++ {
-		if err := c.sweepNext(minAge); err != nil {
-			return err
-		}
-	}
-	return nil
+	return n
 }
 
-// sweepRest sweeps the pages of the current pass not yet swept.
-func (c *Chain) sweepRest(minAge uint32) error {
-	for c.sweepSub < len(c.subs) {
+// sweepPosition is the position of the sweep's cursor.
+func (c *Chain) sweepPosition() uint64 {
+	n := c.sweepPage
+	for i := range min(c.sweepSub, len(c.subs)) {
+		n += uint64(len(c.subs[i].depths))
+	}
+	return n
+}
+
+// blockEnd is the position the sweep reaches by the end of generation
+// gen: ⌈(b+1)·N/P⌉ for gen's block b of its pass, all N positions for the
+// last.
+func (c *Chain) blockEnd(gen int64) uint64 {
+	p := c.gens.passGens()
+	return mulDivCeil(uint64(floorMod(gen, p)+1), c.pagePositions(), uint64(p))
+}
+
+// sweepTarget is the position the sweep reaches at watermark ts: through
+// ts's block in proportion to ts's progress through its generation's
+// span.
+func (c *Chain) sweepTarget(ts int64) uint64 {
+	k := generation(ts, c.span)
+	p := c.gens.passGens()
+	done := uint64(floorMod(k, p))*uint64(c.span) + uint64(ts-k*c.span)
+	return mulDivCeil(done, c.pagePositions(), uint64(p)*uint64(c.span))
+}
+
+// mulDivCeil is ⌈a·b/d⌉ for a <= d, without overflow.
+func mulDivCeil(a, b, d uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	q, r := bits.Div64(hi, lo, d)
+	if r != 0 {
+		q++
+	}
+	return q
+}
+
+// floorMod is a mod b in [0, b).
+func floorMod(a, b int64) int64 { return a - floorDiv(a, b)*b }
+
+// skipTo moves the cursor to position target without reading pages.
+func (c *Chain) skipTo(target uint64) {
+	pos := c.sweepPosition()
+	for pos < target && c.sweepSub < len(c.subs) {
+		n := uint64(len(c.subs[c.sweepSub].depths)) - c.sweepPage
+		if pos+n > target {
+			c.sweepPage += target - pos
+			return
+		}
+		pos += n
+		c.sweepSub, c.sweepPage = c.sweepSub+1, 0
+	}
+}
+
+// sweepUntil sweeps the pages from the cursor up to position target (or
+// the end), clearing entries at least minAge generations old.
+func (c *Chain) sweepUntil(target uint64, minAge uint32) error {
+	for pos := c.sweepPosition(); pos < target && c.sweepSub < len(c.subs); pos++ {
 		if err := c.sweepNext(minAge); err != nil {
 			return err
 		}

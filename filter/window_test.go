@@ -59,9 +59,15 @@ func (m *windowModel) refresh(k string, ts int64) {
 // it is a window plus one span past it. 29-bit fingerprints keep false
 // positives out of the comparison (about 2e-9 per sub-filter per lookup;
 // the seed is fixed, so a collision would fail every run, not some).
+//
+// With jumps, the watermark also leaps ahead by 2 to 10 spans now and then
+// (past 2^GenerationBits = 8 generations at times), as a producer's clock
+// skipping ahead would: the sweep must then clear at once what the jump
+// expired, or an expired key's tag comes back as live.
 func TestWindowExpiry(t *testing.T) {
 	const window = 8 * time.Second
-	for _, refresh := range []bool{false, true} {
+	for _, tc := range []struct{ refresh, jumps bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		refresh := tc.refresh
 		p := Params{FingerprintBits: 29, Capacity: 300, PageBytes: 256, Window: window, Generations: 4}
 		span := p.WithDefaults().spanMillis()
 		c, pager := newMem(t, p)
@@ -72,6 +78,9 @@ func TestWindowExpiry(t *testing.T) {
 		maxLive := 0
 		for i := range 60_000 {
 			ts += rng.Int64N(4) // 1.5 ms per record on average: 90 s in all
+			if tc.jumps && rng.IntN(700) == 0 {
+				ts += (2 + rng.Int64N(9)) * span
+			}
 			rts := ts
 			switch r := rng.IntN(100); {
 			case r < 10:

@@ -66,6 +66,28 @@ type rig struct {
 	maxDirty int64
 }
 
+// benchWindow is the dedup window of a benchmark's partitions,
+// KDEDUP_BENCH_WINDOW (a Go duration; default none). Record i is
+// timestamped i milliseconds after benchEpoch, one key a millisecond of
+// record time over the partitions, so a window of K milliseconds holds
+// the last K keys: KDEDUP_BENCH_WINDOW=1000s with KDEDUP_BENCH_KEYS=1000000
+// preloads one window's keys and expires one generation every 125,000
+// records after that.
+func benchWindow() (time.Duration, error) {
+	v := os.Getenv("KDEDUP_BENCH_WINDOW")
+	if v == "" {
+		return 0, nil
+	}
+	w, err := time.ParseDuration(v)
+	if err != nil || w <= 0 {
+		return 0, fmt.Errorf("KDEDUP_BENCH_WINDOW: %q is not a positive duration", v)
+	}
+	return w, nil
+}
+
+// benchEpoch is the timestamp of record 0 of a benchmark (rig.feed).
+var benchEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+
 // newRig opens a store in dir with a page cache of cacheBytes (0: the
 // store's default) and the deduplicators of partitions partitions.
 func newRig(dir string, partitions, pageBytes int, cacheBytes int64, interval time.Duration) (*rig, error) {
@@ -92,8 +114,12 @@ func newRig(dir string, partitions, pageBytes int, cacheBytes int64, interval ti
 		lastFlush:  time.Now(),
 		rec:        kgo.Record{Topic: "events", Value: []byte("v")},
 	}
+	window, err := benchWindow()
+	if err != nil {
+		return nil, errors.Join(err, r.close())
+	}
 	for p := range partitions {
-		d, err := dedup.Open(db, "events", int32(p), dedup.Options{Filter: filter.Params{PageBytes: pageBytes}}, nil)
+		d, err := dedup.Open(db, "events", int32(p), dedup.Options{Filter: filter.Params{PageBytes: pageBytes, Window: window}}, nil)
 		if err != nil {
 			return nil, errors.Join(err, r.close())
 		}
@@ -111,6 +137,7 @@ func (r *rig) feed(from, to uint64) error {
 		r.rec.Key = r.key[:]
 		r.rec.Partition = int32(p)
 		r.rec.Offset = r.next[p]
+		r.rec.Timestamp = time.UnixMilli(benchEpoch + int64(i))
 		d := r.parts[p]
 		if _, err := d.Decide(&r.rec); err != nil {
 			return err
