@@ -15,7 +15,7 @@ import (
 // Create one per process with NewMetrics and share it between Deduplicators;
 // safe for concurrent use.
 type Metrics struct {
-	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full, operations, pageReads *prometheus.CounterVec
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full, operations, pageReads, swept *prometheus.CounterVec
 
 	commitSeconds prometheus.Histogram
 
@@ -53,7 +53,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		deletesMissing: counter("kdedup_delete_missing_total", "Deletes whose key was not in the filter."),
 		unkeyed:        counter("kdedup_unkeyed_records_total", "Records without a usable dedup key, forwarded unchanged."),
 		replayed:       counter("kdedup_replayed_records_total", "Records applied to the filter without forwarding, to rebuild or catch up state from the input topic."),
-		expired:        counter("kdedup_filter_generations_expired_total", "Generations dropped because the dedup window passed them (only with WINDOW set)."),
+		expired:        counter("kdedup_filter_generations_expired_total", "Generations that expired holding keys because the dedup window passed them (only with WINDOW set)."),
+		swept:          counter("kdedup_filter_pages_swept_total", "Pages the dedup window's sweep read to clear expired entries: every page once every 2^t-1-G generations (7 at the defaults); not in kdedup_filter_page_reads_total (only with WINDOW set)."),
 		full:           counter("kdedup_filter_full_records_total", "Records whose key the chain could not remember because the key's generation holds the maximum of 64 sub-filters; new keys are forwarded and their repeats will be too."),
 		operations:     counter("kdedup_filter_operations_total", "Filter operations (lookups, inserts, adds, counts, deletes, refreshes) deciding records."),
 		pageReads:      counter("kdedup_filter_page_reads_total", "Pages the filter operations read: one per sub-filter an operation looks in, two more per page split; over kdedup_filter_operations_total, the pages touched per operation (1 until a chain appends a second sub-filter, at 256 times CAPACITY)."),
@@ -92,11 +93,11 @@ type partitionMetrics struct {
 	// bytes is the partition's share of m.stateBytes.
 	bytes *int64
 
-	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full, operations, pageReads prometheus.Counter
+	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full, operations, pageReads, swept prometheus.Counter
 	commitSeconds                                                                                                                prometheus.Observer
-	// counted is the chain's Stats().Operations and PageReads last added
-	// to the counters (a chain opened again counts from 0).
-	counted *[2]uint64
+	// counted is the chain's Stats().Operations, PageReads and SweptPages
+	// last added to the counters (a chain opened again counts from 0).
+	counted *[3]uint64
 	// lengths are the fingerprint lengths exported in kdedup_filter_entries.
 	lengths *[]int
 }
@@ -124,8 +125,9 @@ func (m *Metrics) forPartition(topic string, partition int32, targetFPR float64)
 		full:           m.full.WithLabelValues(l...),
 		operations:     m.operations.WithLabelValues(l...),
 		pageReads:      m.pageReads.WithLabelValues(l...),
+		swept:          m.swept.WithLabelValues(l...),
 		commitSeconds:  m.commitSeconds,
-		counted:        new([2]uint64),
+		counted:        new([3]uint64),
 		lengths:        new([]int),
 	}
 }
@@ -151,11 +153,11 @@ func (pm partitionMetrics) observe(s filter.Stats) {
 	}
 	m.nearFull.WithLabelValues(l...).Set(nearFull)
 	m.splits.WithLabelValues(l...).Set(float64(s.Splits))
-	for i, now := range [2]uint64{s.Operations, s.PageReads} {
+	for i, now := range [3]uint64{s.Operations, s.PageReads, s.SweptPages} {
 		if now < pm.counted[i] {
 			pm.counted[i] = 0 // the chain was opened again
 		}
-		[2]prometheus.Counter{pm.operations, pm.pageReads}[i].Add(float64(now - pm.counted[i]))
+		[3]prometheus.Counter{pm.operations, pm.pageReads, pm.swept}[i].Add(float64(now - pm.counted[i]))
 		pm.counted[i] = now
 	}
 	for _, l := range *pm.lengths {

@@ -259,6 +259,10 @@ type Stats struct {
 	// PageReads the pages they asked the Pager for: one per sub-filter an
 	// operation looks in, and two more per page it splits.
 	Operations, PageReads uint64
+	// SweptPages is the number of pages the window's sweep read since the
+	// chain was opened (Advance): every page once every
+	// 2^GenerationBits - 1 - Generations generations. Not in PageReads.
+	SweptPages uint64
 	// NewestFingerprintBits is the fingerprint width of the newest
 	// sub-filter of the newest generation.
 	NewestFingerprintBits int
@@ -339,8 +343,9 @@ type Chain struct {
 	kicks     []kick // reused eviction log
 	scratch   []byte // a split's right page, as it is built
 	cleared   []int  // reused by the sweep
-	// ops and reads count operations and the pages they read (Stats).
-	ops, reads uint64
+	// ops and reads count operations and the pages they read, swept the
+	// pages the sweep read (Stats).
+	ops, reads, swept uint64
 }
 
 // New returns an empty chain with a secret hash seed (RandomSeed) and one
@@ -523,7 +528,7 @@ func (c *Chain) Len() int { return len(c.subs) }
 
 // Stats returns the chain's load and estimated false-positive rate.
 func (c *Chain) Stats() Stats {
-	s := Stats{SubFilters: len(c.subs), Watermark: c.watermark, Operations: c.ops, PageReads: c.reads}
+	s := Stats{SubFilters: len(c.subs), Watermark: c.watermark, Operations: c.ops, PageReads: c.reads, SweptPages: c.swept}
 	if c.span == 0 {
 		s.Watermark = math.MinInt64
 	}
@@ -570,9 +575,15 @@ func (c *Chain) generationOf(ts int64) int64 {
 	return max(generation(ts, c.span), c.oldestLive())
 }
 
-// page reads page id from the pager and checks its length.
+// page reads page id from the pager for an operation, counts it
+// (Stats.PageReads) and checks its length.
 func (c *Chain) page(id PageID) ([]byte, error) {
 	c.reads++
+	return c.readPage(id)
+}
+
+// readPage is page without the count.
+func (c *Chain) readPage(id PageID) ([]byte, error) {
 	pg, err := c.pager.Page(id)
 	if err != nil {
 		return nil, fmt.Errorf("filter: reading page %d of sub-filter %d: %w", id.Page, id.SubFilter, err)

@@ -32,7 +32,7 @@ func newMem(t testing.TB, p Params) (*Chain, *MemPager) {
 // stateOf is s without the counts of operations and page reads, which
 // start from 0 in a chain opened again.
 func stateOf(s Stats) Stats {
-	s.Operations, s.PageReads = 0, 0
+	s.Operations, s.PageReads, s.SweptPages = 0, 0, 0
 	return s
 }
 

@@ -294,7 +294,8 @@ func (c *Chain) sweepNext(minAge uint32) error {
 		return nil
 	}
 	id := PageID{SubFilter: sf.ID, Page: uint32(page)}
-	pg, err := c.page(id)
+	c.swept++
+	pg, err := c.readPage(id)
 	if err != nil {
 		return err
 	}

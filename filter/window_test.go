@@ -376,3 +376,42 @@ func TestRefreshInAFullChain(t *testing.T) {
 		}
 	}
 }
+
+// TestSweepPace: the sweep reads each page of the chain once every
+// P = 2^GenerationBits - 1 - Generations generations, a block of
+// ⌈(b+1)·N/P⌉ - ⌈b·N/P⌉ of the N pages in block b's generation, and no
+// other page: at one key a millisecond of record time, the pages read at
+// the end of every generation are exactly the model's.
+func TestSweepPace(t *testing.T) {
+	p := Params{Capacity: 50_000, PageBytes: 512, Window: 8 * time.Second, Generations: 4}
+	span := p.WithDefaults().spanMillis()
+	c, _ := newMem(t, p)
+	pass := int64(1<<p.GenerationBits() - 1 - 4) // 3
+	n := c.SubFilters()[0].RootPages
+	start := 10 * pass * span // the first generation of a pass
+	want := uint64(0)
+	for gen := int64(0); gen < 4*pass; gen++ {
+		for ms := range span {
+			if _, err := c.InsertAt(key("k", int(gen*span+ms)), start+gen*span+ms); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The block of this generation is read by the time the next
+		// begins.
+		if _, err := c.Advance(start + (gen+1)*span); err != nil {
+			t.Fatal(err)
+		}
+		b, P := uint64(gen%pass), uint64(pass)
+		ceil := func(a uint64) uint64 { return (a + P - 1) / P }
+		want += ceil((b+1)*n) - ceil(b*n)
+		if got := c.Stats().SweptPages; got != want {
+			t.Fatalf("generation %d (block %d of %d, %d pages): %d pages swept, want %d", gen, b, pass, n, got, want)
+		}
+	}
+	if s := c.SubFilters(); len(s) != 1 || s[0].Pages != n {
+		t.Fatalf("sub-filters %+v: the test needs the root pages alone", s)
+	}
+	if got := c.Stats().SweptPages; got != 4*n {
+		t.Fatalf("%d pages swept over 4 passes of %d pages", got, n)
+	}
+}
