@@ -94,7 +94,7 @@ type partitionMetrics struct {
 	bytes *int64
 
 	consumed, forwarded, duplicates, overLimit, deletes, deletesMissing, unkeyed, replayed, expired, full, operations, pageReads, swept prometheus.Counter
-	commitSeconds                                                                                                                prometheus.Observer
+	commitSeconds                                                                                                                       prometheus.Observer
 	// counted is the chain's Stats().Operations, PageReads and SweptPages
 	// last added to the counters (a chain opened again counts from 0).
 	counted *[3]uint64
