@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // benchChain returns an in-memory chain of 2^20 slots of capacity holding
@@ -180,5 +181,72 @@ func BenchmarkChainGrowth(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+	}
+}
+
+// BenchmarkWindowInsert measures the check-and-insert of a stream of new
+// keys, one a millisecond of record time, through a chain whose window
+// holds KDEDUP_BENCH_WINDOW_KEYS of them (default 1,000,000: a window of
+// that many milliseconds, 8 generations), against the same stream through
+// a chain without a window, which keeps every key. Each chain first takes
+// that many keys, untimed (the window's is then full), then b.N more, one
+// InsertAt each (the window expires a generation every 1/8 of its keys
+// and sweeps its pages), and reports ns/op, the sub-filters, the pages'
+// bits a key held (live keys with the window), the pages the sweep read
+// per key and, with the window, plain-bits/key: the bits a key of a chain
+// without a window holding as many keys as the window holds live (the
+// same state without a window). Run it with -benchtime of several windows:
+//
+//	KDEDUP_BENCH_WINDOW_KEYS=1000000 go test -run '^$' -bench WindowInsert -benchtime 6000000x ./filter
+func BenchmarkWindowInsert(b *testing.B) {
+	n := 1_000_000
+	if v := os.Getenv("KDEDUP_BENCH_WINDOW_KEYS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 8 {
+			b.Fatalf("KDEDUP_BENCH_WINDOW_KEYS=%q: want a key count of 8 or more", v)
+		}
+	}
+	for _, window := range []time.Duration{0, time.Duration(n) * time.Millisecond} {
+		name := "window=none"
+		if window != 0 {
+			name = fmt.Sprintf("window=%dkeys", n)
+		}
+		b.Run(name, func(b *testing.B) {
+			c, _ := newMem(b, Params{Window: window})
+			var k [8]byte
+			insert := func(i int) {
+				binary.LittleEndian.PutUint64(k[:], uint64(i))
+				if _, err := c.InsertAt(k[:], int64(i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range n {
+				insert(i)
+			}
+			swept := c.Stats().SweptPages
+			b.ResetTimer()
+			for i := range b.N {
+				insert(n + i)
+			}
+			b.StopTimer()
+			st := c.Stats()
+			b.ReportMetric(float64(st.SubFilters), "sub-filters")
+			b.ReportMetric(float64(st.Bytes)*8/float64(st.Items), "bits/key")
+			b.ReportMetric(float64(st.SweptPages-swept)/float64(b.N), "swept-pages/key")
+			if window == 0 {
+				return
+			}
+			// The same state without a window: a chain holding as many
+			// keys as the window holds live.
+			plain, _ := newMem(b, Params{})
+			for i := range st.Items {
+				binary.LittleEndian.PutUint64(k[:], i)
+				if _, err := plain.Insert(k[:]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			ps := plain.Stats()
+			b.ReportMetric(float64(ps.Bytes)*8/float64(ps.Items), "plain-bits/key")
+		})
 	}
 }

@@ -2,6 +2,7 @@ package filter
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"maps"
 	"math/rand/v2"
@@ -413,5 +414,43 @@ func TestSweepPace(t *testing.T) {
 	}
 	if got := c.Stats().SweptPages; got != 4*n {
 		t.Fatalf("%d pages swept over 4 passes of %d pages", got, n)
+	}
+}
+
+// TestWindowMemoryStable: new keys at a constant rate of record time (one
+// a millisecond) through a window of 50,000 for 20 windows: the live keys
+// stay between a window's and a window and a span's (G and G+1
+// generations: expired keys are no longer counted), the chain stays one
+// sub-filter, and its pages stop growing after the first windows: expired
+// keys give their slots back.
+func TestWindowMemoryStable(t *testing.T) {
+	const keys = 50_000
+	p := Params{Window: keys * time.Millisecond, Capacity: 1000}
+	span := p.WithDefaults().spanMillis()
+	c, _ := newMem(t, p)
+	var k [8]byte
+	var pages uint64
+	for i := range 20 * keys {
+		binary.LittleEndian.PutUint64(k[:], uint64(i))
+		if _, err := c.InsertAt(k[:], int64(i)); err != nil {
+			t.Fatal(err)
+		}
+		if i%keys != keys-1 {
+			continue
+		}
+		s := c.Stats()
+		w := i / keys
+		if w >= 1 && (s.Items < keys-keys/1000 || s.Items > keys+uint64(span)) {
+			t.Fatalf("window %d: %d live keys, want %d to %d", w, s.Items, keys, keys+span)
+		}
+		if s.SubFilters != 1 {
+			t.Fatalf("window %d: %d sub-filters", w, s.SubFilters)
+		}
+		switch {
+		case w == 3:
+			pages = s.Bytes
+		case w > 3 && s.Bytes != pages:
+			t.Fatalf("window %d: %d bytes of pages, %d at window 3", w, s.Bytes, pages)
+		}
 	}
 }
