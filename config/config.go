@@ -59,7 +59,7 @@ type Config struct {
 	ForwardTombstones   bool              `env:"FORWARD_TOMBSTONES" envDefault:"true" doc:"Forward tombstones (records with a null value) to OUTPUT_TOPIC: true or false"`
 	MaxOccurrences      int               `env:"MAX_OCCURRENCES" envDefault:"1" doc:"Records forwarded per key until it is deleted (or, with WINDOW, within the window), 1 to 2*BUCKET_SIZE; 1 deduplicates, more throttles (later records are dropped as over the limit)"`
 	Window              time.Duration     `env:"WINDOW" envDefault:"0s" doc:"How long a key is remembered, in record time (record timestamps, never the wall clock): at least WINDOW and at most WINDOW plus one generation span past its record's timestamp; 0 remembers keys until they are deleted"`
-	WindowGenerations   int               `env:"WINDOW_GENERATIONS" envDefault:"8" doc:"Generations a WINDOW is cut into, 1 to 64: expiry drops a whole generation (WINDOW/WINDOW_GENERATIONS of record time) at once; more generations forget closer to WINDOW but cost about log2(WINDOW_GENERATIONS+1) fingerprint bits per key"`
+	WindowGenerations   int               `env:"WINDOW_GENERATIONS" envDefault:"8" doc:"Generations a WINDOW is cut into, 1 to 64: keys expire a whole generation (WINDOW/WINDOW_GENERATIONS of record time) at once; more generations forget closer to WINDOW but widen the generation tag in every slot (4 bits up to 14 generations, 5 up to 30, 6 up to 62, 7 above)"`
 	WindowRefresh       bool              `env:"WINDOW_REFRESH" envDefault:"false" doc:"With WINDOW: true re-remembers a key each time one of its records is dropped, so a key keeps being dropped while it recurs at least once per WINDOW (sliding expiry); false forgets it WINDOW after the record that was forwarded"`
 
 	// Kafka security.

@@ -114,15 +114,31 @@
 //
 // # Generations
 //
-// With Params.Window the chain forgets by record time: sub-filters belong to
-// generations of Window/Generations milliseconds of record timestamps, each
-// generation a chain of its own (its own capacity, expansion and width
-// budget, TargetFPR/(Generations+1) since that many can be live at once). A
-// key goes to the generation of its record's timestamp; Advance moves the
-// watermark (the highest timestamp seen) and drops every generation that
-// ended a window before it, handing its sub-filters to Pager.Drop. Lookups,
-// counts and deletes cover every live generation. Sub-filter IDs are never
-// reused, so a store can delete a dropped sub-filter's pages lazily.
+// With Params.Window the chain forgets by record time, at the cost of a
+// chain without a window: one chain of sub-filters, one page read a
+// lookup. Each entry carries, above its fingerprint, the tag of its
+// generation: GenerationBits bits (4 at the default 8 generations, the
+// least t with 2^t >= Generations+2), the generation of its record's
+// timestamp modulo 2^t. Generations are Window/Generations milliseconds
+// of record timestamps; Advance moves the watermark (the highest
+// timestamp seen) and expires every generation that ended a window before
+// it: G+1 generations are live, and an entry whose tag is more than G
+// behind the watermark's matches nothing and its slot is free, taken by
+// the next insert, eviction walk or split that meets it. Entries are
+// counted by generation tag and length in each sub-filter, so that an
+// expiry uncounts a generation at once and Items and the estimated
+// false-positive rate are those of the live entries: the fingerprints are
+// as wide as without a window. A sweep reads each page once every
+// 2^t - 1 - G generations (7 at the defaults), a block of the pages in
+// each generation in step with the watermark, and clears the expired
+// entries it finds: no entry lives 2^t generations, so a tag's age is
+// exact. Refresh re-tags a copy in place. The oldest sub-filters leave
+// the chain once they hold no live entry (Pager.Drop), so that a chain
+// grown for a burst goes back to one page a lookup a window later.
+// Sub-filter IDs are never reused, so a store can delete a dropped
+// sub-filter's pages lazily. Format 6 and older gave each generation a
+// chain of its own, a lookup reading a page of each of the G+1 (9 by
+// default) and each generation's fingerprints log2(G+1) bits wider.
 //
 // An Overlay stages a chain's page changes over another Pager until they are
 // committed or discarded (exactly-once delivery rewinds aborted
