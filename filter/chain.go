@@ -93,6 +93,8 @@ type SubFilter struct {
 	gens *clock
 	// slotBits is the slot width: FingerprintBits and the generation tag.
 	slotBits int
+	// fpMask has the low FingerprintBits bits set.
+	fpMask uint32
 	// share is the sub-filter's term of the chain's geometric
 	// false-positive budget (Params.SubFilterBits): its index in the
 	// chain, counting the sub-filters a window dropped.
@@ -211,7 +213,7 @@ func (s *SubFilter) free(v uint32) bool {
 
 // fingerprint is the entry part of slot value v: v without its generation
 // tag.
-func (s *SubFilter) fingerprint(v uint32) uint32 { return v & fpMask(s.FingerprintBits) }
+func (s *SubFilter) fingerprint(v uint32) uint32 { return v & s.fpMask }
 
 // splits reports whether the page of pos may split: it is not at the
 // sub-filter's deepest, and its right child's number fits a page number.
@@ -336,6 +338,10 @@ type Chain struct {
 	// a window).
 	gens *clock
 	tag  uint32
+	// newestGen is the watermark's generation, newestStart its first
+	// timestamp, and nextTick the next watermark at which Advance sweeps
+	// (tickAfter): all follow from the watermark.
+	newestGen, newestStart, nextTick int64
 	// sweepSub and sweepPage are the sweep's cursor in the current pass:
 	// the next page number to sweep, of c.subs[sweepSub] (Advance).
 	sweepSub  int
@@ -449,6 +455,11 @@ func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
 	c.watermark = m.Watermark
 	if c.gens != nil {
 		c.gens.newest = c.gens.tag(generation(m.Watermark, c.span))
+		if m.Watermark != math.MinInt64 {
+			c.newestGen = generation(m.Watermark, c.span)
+			c.newestStart = c.newestGen * c.span
+			c.nextTick = c.tickAfter(m.Watermark)
+		}
 		copy(c.gens.used, m.used)
 		c.sweepSub, c.sweepPage = int(m.sweepSub), uint64(m.sweepPage)
 		for i := range c.subs {
@@ -474,7 +485,8 @@ func RandomSeed() Seed {
 
 func newChain(p Params, seed Seed, pager Pager) *Chain {
 	peeker, _ := pager.(Peeker)
-	return &Chain{p: p, pager: pager, peeker: peeker, seed: seed, watermark: math.MinInt64, span: p.spanMillis(), gens: newClock(p), kicks: make([]kick, 0, p.MaxKicks)}
+	return &Chain{p: p, pager: pager, peeker: peeker, seed: seed, watermark: math.MinInt64, span: p.spanMillis(), gens: newClock(p),
+		newestStart: math.MaxInt64, nextTick: math.MinInt64, kicks: make([]kick, 0, p.MaxKicks)}
 }
 
 // hash is the 64-bit key hash: SipHash-2-4 keyed by the chain's secret
@@ -571,6 +583,9 @@ func (c *Chain) oldestLive() int64 {
 func (c *Chain) generationOf(ts int64) int64 {
 	if c.span == 0 {
 		return 0
+	}
+	if ts >= c.newestStart {
+		return c.newestGen
 	}
 	return max(generation(ts, c.span), c.oldestLive())
 }

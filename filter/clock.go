@@ -99,6 +99,40 @@ func (c *Chain) Advance(ts int64) (int, error) {
 	if c.span == 0 || ts <= c.watermark {
 		return 0, nil
 	}
+	if ts < c.nextTick {
+		c.watermark = ts // the same generation, and no page due
+		return 0, nil
+	}
+	n, err := c.advance(ts)
+	c.newestGen = generation(ts, c.span)
+	c.newestStart = c.newestGen * c.span
+	c.nextTick = c.tickAfter(ts)
+	return n, err
+}
+
+// sweepTicks is how many steps a generation's block of the sweep is read
+// in: the watermark is compared with the next step's first timestamp
+// alone in between.
+const sweepTicks = 64
+
+// tickAfter is the first timestamp after ts at which Advance sweeps: the
+// next of the sweepTicks steps of ts's generation, start + ⌈i·span/64⌉
+// for i = 1..64, the last the next generation's first timestamp. It
+// follows from ts alone, so a chain opened again sweeps where it would
+// have.
+func (c *Chain) tickAfter(ts int64) int64 {
+	start := generation(ts, c.span) * c.span
+	i := (ts-start)*sweepTicks/c.span + 1
+	for {
+		if t := start + (i*c.span+sweepTicks-1)/sweepTicks; t > ts {
+			return t
+		}
+		i++
+	}
+}
+
+// advance is Advance past the check for a sweep step.
+func (c *Chain) advance(ts int64) (int, error) {
 	k := generation(ts, c.span)
 	g := c.gens
 	if c.watermark == math.MinInt64 {

@@ -524,6 +524,7 @@ func (p Params) derive(sf *SubFilter, i int) {
 	sf.share = i
 	sf.maxDepth, sf.tagBits = depthBits(sf.FingerprintBits)
 	sf.slotBits = sf.FingerprintBits + p.genBits()
+	sf.fpMask = fpMask(sf.FingerprintBits)
 	sf.bucketsPerPage = p.bucketsPerPage(sf.slotBits)
 	share := p.subFilterShare(i)
 	limit := share * float64(sf.bucketsPerPage) * float64(sf.RootPages) * math.Exp2(float64(sf.FingerprintBits-2+sf.maxDepth))
