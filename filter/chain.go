@@ -280,7 +280,7 @@ type Stats struct {
 }
 
 // GenerationItems is the live entries of one generation of a window
-// (Stats.ByGeneration).
+// (Chain.Generations).
 type GenerationItems struct {
 	// Generation holds record timestamps [Generation*span,
 	// (Generation+1)*span) milliseconds since the Unix epoch

@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kdedup/kdedup/config"
+	"github.com/kdedup/kdedup/filter"
 	"github.com/kdedup/kdedup/internal/app"
 	"github.com/kdedup/kdedup/internal/benchenv"
 	"github.com/kdedup/kdedup/internal/scenario"
@@ -65,8 +66,9 @@ func deliveries(t *testing.T, fn func(t *testing.T, delivery string)) {
 	}
 }
 
-// env is the worker configuration the suites use: 32-bit fingerprints so a
-// false drop is improbable (the model is exact), a small capacity so that
+// env is the worker configuration the suites use: 32-bit fingerprints (29
+// beside a window's 3-bit generation tag) so a false drop is improbable
+// (the model is exact), a small capacity so that
 // chains expand, a short flush interval and session timeout.
 func (p *pipeline) env(dataDir string) map[string]string {
 	env := map[string]string{
@@ -97,6 +99,9 @@ func (p *pipeline) env(dataDir string) map[string]string {
 		env["KDEDUP_WINDOW"] = p.window.Window.String()
 		env["KDEDUP_WINDOW_GENERATIONS"] = strconv.Itoa(p.window.Generations)
 		env["KDEDUP_WINDOW_REFRESH"] = strconv.FormatBool(p.window.Refresh)
+		// The widest fingerprints beside the generation tag a slot holds.
+		tag := filter.Params{Window: p.window.Window, Generations: p.window.Generations}.GenerationBits()
+		env["KDEDUP_FINGERPRINT_BITS"] = strconv.Itoa(filter.MaxFingerprintBits - tag)
 	}
 	for k, v := range p.extraEnv {
 		env[k] = v

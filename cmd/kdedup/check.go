@@ -10,14 +10,16 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kdedup/kdedup/filter"
 	"github.com/kdedup/kdedup/store"
 )
 
 // checkCmd answers whether a record with dedup key KEY in one
 // topic-partition would be dropped by the state in a data directory,
 // opened read-only: Contains and Count of the key in the partition's chain,
-// the sub-filters holding matching fingerprints, and the chain's estimated
-// false-positive rate. It exits 0 whether the key is present or not.
+// the sub-filters holding matching fingerprints (with a window, the
+// generation of each copy), and the chain's estimated false-positive rate.
+// It exits 0 whether the key is present or not.
 func checkCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -35,9 +37,9 @@ default, the header's value with header:NAME, the JSON value at PATH with
 json:PATH (a JSON string's contents, another value's JSON text). It prints
 whether the filter holds the key (no false negatives; a key never seen is
 reported present with about the estimated false-positive rate printed), its
-copies (what
-KDEDUP_MAX_OCCURRENCES compares) and the generations and sub-filters that
-hold them. Exit code 0 whether the key is present or not; 1 or 2 on errors.
+copies (what KDEDUP_MAX_OCCURRENCES compares), the sub-filters that hold
+them and, with a window, the generation of each copy. Exit code 0 whether
+the key is present or not; 1 or 2 on errors.
 DIR is opened read-only; a running worker holds it locked: stop the
 worker, or check a copy or snapshot (a worker cannot start on DIR while
 check reads it). Use -topic=NAME for a topic named "--".
@@ -79,10 +81,10 @@ check reads it). Use -topic=NAME for a topic named "--".
 	return nil
 }
 
-// checkReport is the document `kdedup check -json` prints (version 1); see
+// checkReport is the document `kdedup check -json` prints (version 2); see
 // inspectReport for the conventions.
 type checkReport struct {
-	// Version is reportVersion.
+	// Version is stateReportVersion.
 	Version   int    `json:"version"`
 	Topic     string `json:"topic"`
 	Partition int32  `json:"partition"`
@@ -116,15 +118,36 @@ type checkReport struct {
 	Locations []locationReport `json:"locations"`
 }
 
+// locationReport is a sub-filter holding copies of the key's fingerprint
+// (filter.Location).
 type locationReport struct {
-	SubFilter  uint32 `json:"sub_filter"`
-	Generation int64  `json:"generation"`
-	// GenerationStart and GenerationEnd bound the generation's record
-	// timestamps, [start, end); null without a window.
-	GenerationStart *string `json:"generation_start"`
-	GenerationEnd   *string `json:"generation_end"`
-	// Copies is the matching fingerprints in this sub-filter.
+	// SubFilter is the sub-filter's ID, as inspect lists it.
+	SubFilter uint32 `json:"sub_filter"`
+	// Copies is the matching fingerprints in this sub-filter (1 or more).
 	Copies int `json:"copies"`
+	// Generations are, with a window, the generation of each copy, oldest
+	// first (Copies of them, from the generation tag of each entry);
+	// an empty list, never null, without a window.
+	Generations []generationRef `json:"generations"`
+}
+
+// generationRef names one generation of a window.
+type generationRef struct {
+	// Generation is the generation number: it holds the record
+	// timestamps [Generation*span, (Generation+1)*span) milliseconds since
+	// the Unix epoch, span being params.generation_span_ms of inspect.
+	Generation int64 `json:"generation"`
+	// Start and End are those bounds as record times, [start, end) (null
+	// only without a window, where no generation is listed).
+	Start *string `json:"generation_start"`
+	End   *string `json:"generation_end"`
+}
+
+// newGenerationRef is generation gen of a window under p.
+func newGenerationRef(p filter.Params, gen int64) generationRef {
+	r := generationRef{Generation: gen}
+	r.Start, r.End = generationBounds(p, gen)
+	return r
 }
 
 // check looks key up in the committed state of tp.
@@ -150,14 +173,16 @@ func check(db *store.DB, tp store.TopicPartition, key []byte, maxOcc int) (check
 		return checkReport{}, err
 	}
 	rep := checkReport{
-		Version: reportVersion, Topic: tp.Topic, Partition: tp.Partition, Key: string(key), KeySpec: meta.Params.KeySpec,
+		Version: stateReportVersion, Topic: tp.Topic, Partition: tp.Partition, Key: string(key), KeySpec: meta.Params.KeySpec,
 		Checkpoint: checkpointReport{Offset: cp.Offset, LeaderEpoch: cp.LeaderEpoch},
 		Present:    present, Count: count, MaxOccurrences: maxOcc, Duplicate: count >= maxOcc,
 		EstimatedFPR: chain.Stats().EstimatedFPR, Locations: []locationReport{},
 	}
 	for _, l := range locs {
-		lr := locationReport{SubFilter: l.SubFilter.ID, Generation: l.SubFilter.Generation, Copies: l.Copies}
-		lr.GenerationStart, lr.GenerationEnd = generationBounds(meta.Params, l.SubFilter.Generation)
+		lr := locationReport{SubFilter: l.SubFilter.ID, Copies: l.Copies, Generations: []generationRef{}}
+		for _, g := range l.Generations {
+			lr.Generations = append(lr.Generations, newGenerationRef(meta.Params, g))
+		}
 		rep.Locations = append(rep.Locations, lr)
 	}
 	return rep, nil
@@ -198,14 +223,40 @@ func writeCheckText(w io.Writer, rep checkReport) {
 	if rep.Present {
 		fmt.Fprintf(w, "  copies of its fingerprint: %d\n", rep.Count)
 		for _, l := range rep.Locations {
-			span := ""
-			if l.GenerationStart != nil {
-				span = fmt.Sprintf(" (record time %s .. %s)", *l.GenerationStart, *l.GenerationEnd)
-			}
-			fmt.Fprintf(w, "  in generation %d%s, sub-filter %d: %d %s\n", l.Generation, span, l.SubFilter, l.Copies, plural(l.Copies, "copy", "copies"))
+			fmt.Fprintf(w, "  in sub-filter %d: %d %s%s\n", l.SubFilter, l.Copies, plural(l.Copies, "copy", "copies"), copyGenerations(l.Generations))
 		}
 		fmt.Fprintf(w, "  estimated false-positive rate of the chain (the chance that a key never seen is reported present): %.3g\n", rep.EstimatedFPR)
 	}
+}
+
+// copyGenerations describes the generations of a sub-filter's copies:
+// ", of generation G (record time A .. B)" when every copy is of G, else
+// each copy's in order, ", of generations G1 (...), G2 (...)"; "" without
+// a window.
+func copyGenerations(gens []generationRef) string {
+	if len(gens) == 0 {
+		return ""
+	}
+	same := true
+	for _, g := range gens {
+		same = same && g.Generation == gens[0].Generation
+	}
+	if same {
+		return ", of generation " + describeGeneration(gens[0])
+	}
+	parts := make([]string, len(gens))
+	for i, g := range gens {
+		parts[i] = describeGeneration(g)
+	}
+	return ", of generations " + strings.Join(parts, ", ")
+}
+
+// describeGeneration is "G (record time A .. B)", or "G" without bounds.
+func describeGeneration(g generationRef) string {
+	if g.Start == nil {
+		return strconv.FormatInt(g.Generation, 10)
+	}
+	return fmt.Sprintf("%d (record time %s .. %s)", g.Generation, *g.Start, *g.End)
 }
 
 func plural(n int, one, many string) string {

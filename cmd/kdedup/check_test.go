@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sort"
 	"strings"
 	"testing"
-	"time"
 )
 
 func checkJSON(t *testing.T, args ...string) checkReport {
@@ -29,19 +29,24 @@ func checkJSON(t *testing.T, args ...string) checkReport {
 // both partitions of the test state (32-bit fingerprints in orders/0; in
 // orders/1, target-rate widths of at least 16 bits over 600 items make a
 // false positive about 1e-3 per key): present keys are found, with their
-// copies, in the generation of their timestamp; absent keys (deleted or
-// never sent) are not; the estimated FPR is the chain's.
+// copies, each copy in the generation the model gives it (its timestamp's,
+// or the oldest live one for a key a window late), and with no generation
+// without a window; absent keys (deleted or never sent) are not; the
+// estimated FPR is the chain's.
 func TestCheck(t *testing.T) {
 	states := testState()
 	dir := buildState(t, states)
 	ref := readChains(t, dir)
 	fixed, win := states[0], states[1]
 	span := windowParams.Window.Milliseconds() / int64(windowParams.Generations)
+	if len(win.gens["w-0003"]) != 2 || win.gens["w-0003"][0] == win.gens["w-0003"][1] || win.gens["late-0000"][0] != base.UnixMilli()/span {
+		t.Fatalf("the test state does not have the keys this test relies on: %v", win.gens)
+	}
 
 	for _, k := range []string{"key-0001", "key-0999", "key-0010", "key-0000", "never-sent"} {
 		rep := checkJSON(t, k, "-data-dir", dir, "-topic", "orders", "-partition", "0")
 		n := fixed.held[k]
-		want := checkReport{Version: 1, Topic: "orders", Partition: 0, Key: k, KeySpec: "key",
+		want := checkReport{Version: 2, Topic: "orders", Partition: 0, Key: k, KeySpec: "key",
 			Checkpoint: checkpointReport{Offset: int64(len(fixed.recs)), LeaderEpoch: fixed.epoch},
 			Present:    n > 0, Count: n, MaxOccurrences: 1, Duplicate: n > 0, EstimatedFPR: ref[fixed.tp].stats.EstimatedFPR}
 		locs := rep.Locations
@@ -49,12 +54,12 @@ func TestCheck(t *testing.T) {
 		if !reflect.DeepEqual(rep, want) {
 			t.Errorf("check %s:\n got %+v\nwant %+v", k, rep, want)
 		}
-		if (n > 0) != (len(locs) == 1) || (n > 0 && (locs[0].Copies != 1 || locs[0].Generation != 0 || locs[0].GenerationStart != nil)) {
-			t.Errorf("check %s: locations %+v", k, locs)
+		if (n > 0) != (len(locs) == 1) || (n > 0 && (locs[0].Copies != 1 || locs[0].Generations == nil || len(locs[0].Generations) != 0)) {
+			t.Errorf("check %s: locations %+v, want one copy and an empty list of generations", k, locs)
 		}
 	}
 
-	for i, k := range []string{"w-0000", "w-0001", "w-0399", "w-0400"} {
+	for _, k := range []string{"w-0000", "w-0001", "w-0003", "w-0399", "w-0400", "late-0000"} {
 		n := win.held[k]
 		for _, limit := range []int{1, 2} {
 			rep := checkJSON(t, "-data-dir", dir, k, "-topic", "orders", "-partition", "1", "-max-occurrences", fmt.Sprint(limit))
@@ -68,18 +73,26 @@ func TestCheck(t *testing.T) {
 				}
 				continue
 			}
-			ts := base.Add(time.Duration([]int{0, 1, 399}[i]) * 25 * time.Millisecond).UnixMilli()
-			gen := ts / span
-			start := time.UnixMilli(gen * span).UTC().Format("2006-01-02T15:04:05.000Z07:00")
+			// Each location lists the generation of each of its copies,
+			// oldest first, with its bounds; all of them are the model's.
 			copies := 0
+			var gens []int64
 			for _, l := range rep.Locations {
 				copies += l.Copies
-				if l.Generation != gen || l.GenerationStart == nil || *l.GenerationStart != start {
-					t.Errorf("check %s: location %+v, want generation %d from %s", k, l, gen, start)
+				if len(l.Generations) != l.Copies {
+					t.Errorf("check %s: sub-filter %d: %d copies, %d generations", k, l.SubFilter, l.Copies, len(l.Generations))
+				}
+				for j, g := range l.Generations {
+					if !reflect.DeepEqual(g, wantRef(g.Generation, span)) || (j > 0 && g.Generation < l.Generations[j-1].Generation) {
+						t.Errorf("check %s: sub-filter %d: copy %d of generation %s, want bounds %s, oldest first", k, l.SubFilter, j,
+							describeGeneration(g), describeGeneration(wantRef(g.Generation, span)))
+					}
+					gens = append(gens, g.Generation)
 				}
 			}
-			if copies != n {
-				t.Errorf("check %s: %d copies located, model holds %d", k, copies, n)
+			sort.Slice(gens, func(i, j int) bool { return gens[i] < gens[j] })
+			if copies != n || !reflect.DeepEqual(gens, win.gens[k]) {
+				t.Errorf("check %s: %d copies located, of generations %v; the model holds %d, of generations %v", k, copies, gens, n, win.gens[k])
 			}
 		}
 	}
@@ -89,6 +102,10 @@ func TestCheckText(t *testing.T) {
 	states := testState()
 	dir := buildState(t, states)
 	ref := readChains(t, dir)
+	held := checkJSON(t, "key-0001", "-data-dir", dir, "-topic", "orders", "-partition", "0")
+	if len(held.Locations) != 1 {
+		t.Fatalf("check key-0001: locations %+v, want one", held.Locations)
+	}
 	for _, tt := range []struct {
 		args []string
 		want []string
@@ -96,17 +113,24 @@ func TestCheckText(t *testing.T) {
 		{[]string{"key-0001", "-topic", "orders", "-partition", "0"}, []string{
 			`orders/0, key "key-0001", state as of checkpoint offset ` + fmt.Sprint(len(states[0].recs)) + " (keys derived as KDEDUP_KEY=key)",
 			"present: the next record with this key would be dropped as a duplicate",
-			"in generation 0, sub-filter ",
+			fmt.Sprintf("copies of its fingerprint: 1\n  in sub-filter %d: 1 copy\n", held.Locations[0].SubFilter),
 			fmt.Sprintf("is reported present): %.3g", ref[states[0].tp].stats.EstimatedFPR),
 		}},
 		{[]string{"key-0010", "-topic", "orders", "-partition", "0"}, []string{"absent: the next record with this key would be forwarded"}},
 		{[]string{"w-0001", "-topic", "orders", "-partition", "1", "-max-occurrences", "2"}, []string{
 			"present, 1 copy: the next record with this key would be forwarded (limit 2)",
-			"in generation 883612800 (record time 2026-01-01T00:00:00.000Z .. 2026-01-01T00:00:02.000Z), sub-filter ",
+			": 1 copy, of generation 883612800 (record time 2026-01-01T00:00:00.000Z .. 2026-01-01T00:00:02.000Z)\n",
 		}},
 		{[]string{"w-0000", "-topic", "orders", "-partition", "1", "-max-occurrences", "2"}, []string{
 			"present, 2 copies: the next record with this key would be dropped as over the limit of 2",
-			": 2 copies",
+			": 2 copies, of generation 883612800 (record time 2026-01-01T00:00:00.000Z .. 2026-01-01T00:00:02.000Z)\n",
+		}},
+		{[]string{"w-0003", "-topic", "orders", "-partition", "1", "-max-occurrences", "2"}, []string{
+			": 2 copies, of generations 883612800 (record time 2026-01-01T00:00:00.000Z .. 2026-01-01T00:00:02.000Z), " +
+				"883612802 (record time 2026-01-01T00:00:04.000Z .. 2026-01-01T00:00:06.000Z)\n",
+		}},
+		{[]string{"late-0000", "-topic", "orders", "-partition", "1"}, []string{
+			": 1 copy, of generation 883612800 (record time 2026-01-01T00:00:00.000Z .. 2026-01-01T00:00:02.000Z)\n",
 		}},
 	} {
 		out, err := run(t, append(append([]string{"check"}, tt.args...), "-data-dir", dir)...)

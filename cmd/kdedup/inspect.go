@@ -17,15 +17,24 @@ import (
 	"github.com/kdedup/kdedup/store"
 )
 
-// reportVersion is the "version" of the JSON documents inspect and check
-// print. It changes only when a field is removed, renamed or changes
-// meaning; new fields may be added under the same version.
-const reportVersion = 1
+// reportVersion is the "version" of the JSON document inspect -snapshots
+// prints (snapshotsReport), and stateReportVersion that of the documents
+// inspect and check print of a data directory (inspectReport,
+// checkReport). Each changes only when a field of its documents is
+// removed, renamed or changes meaning; new fields may be added under the
+// same version. Version 2 of the state documents lists generations per
+// partition (inspect) and per copy (check), where version 1 gave each
+// sub-filter one.
+const (
+	reportVersion      = 1
+	stateReportVersion = 2
+)
 
 // inspectCmd prints the filter state of every topic-partition in a data
 // directory, opened read-only: checkpoint, filter parameters, watermark,
-// every sub-filter and the partition's totals, as a table or as JSON. Every
-// figure is the filter's own: its metadata and filter.Chain.Stats.
+// every sub-filter, with a window the live generations, and the
+// partition's totals, as a table or as JSON. Every figure is the filter's
+// own: its metadata, filter.Chain.Generations and filter.Chain.Stats.
 func inspectCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -40,11 +49,12 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
        kdedup inspect -snapshots URL [-group G] [-verify] [-json] [-topic T] [-partition P]
 
 Prints the dedup state of each topic-partition in DIR: checkpoint offset,
-filter parameters, watermark, every sub-filter (generation, pages, slots,
-fingerprint width, items, load factor, estimated false-positive rate,
-bytes) and the partition's totals. DIR is opened read-only; a running
-worker holds it locked: stop the worker, or inspect a copy or snapshot (a
-worker cannot start on DIR while inspect reads it).
+filter parameters, watermark, every sub-filter (pages, slots, fingerprint
+width, items, load factor, estimated false-positive rate, bytes), with a
+window the items of each live generation, and the partition's totals. DIR
+is opened read-only; a running worker holds it locked: stop the worker, or
+inspect a copy or snapshot (a worker cannot start on DIR while inspect
+reads it).
 
 With -snapshots, lists the snapshots of consumer group G's topic-partitions
 in the object store at URL, newest first (offset, time, bytes), and with -verify checks
@@ -78,7 +88,7 @@ sources, as for the worker.
 	if err != nil {
 		return err
 	}
-	rep := inspectReport{Version: reportVersion, DataDir: sel.dir, Partitions: []partitionReport{}}
+	rep := inspectReport{Version: stateReportVersion, DataDir: sel.dir, Partitions: []partitionReport{}}
 	for _, tp := range tps {
 		if !sel.matches(tp) {
 			continue
@@ -102,13 +112,13 @@ sources, as for the worker.
 	return nil
 }
 
-// inspectReport is the document `kdedup inspect -json` prints (version 1).
+// inspectReport is the document `kdedup inspect -json` prints (version 2).
 // Every field is always present; fields documented as null are JSON null
 // when the state has no such value. Times are RFC 3339 in UTC with
 // milliseconds; record times are the records' timestamps, never the wall
 // clock.
 type inspectReport struct {
-	// Version is reportVersion.
+	// Version is stateReportVersion.
 	Version int `json:"version"`
 	// DataDir is the directory inspected, as given.
 	DataDir string `json:"data_dir"`
@@ -132,10 +142,15 @@ type partitionReport struct {
 	// the first record. Watermark is the same time in RFC 3339.
 	WatermarkMillis *int64  `json:"watermark_ms"`
 	Watermark       *string `json:"watermark"`
-	// SubFilters are every sub-filter of the chain, by generation (oldest
-	// first), then by age within a generation (oldest first): the order
-	// of the chain metadata.
+	// SubFilters are every sub-filter of the chain, oldest first: the
+	// order of the chain metadata. With a window they hold the entries of
+	// every generation together, each entry tagged with its own.
 	SubFilters []subFilterReport `json:"sub_filters"`
+	// Generations are, with a window, the live generations that took an
+	// entry since they began, oldest first, with their live entries
+	// across all sub-filters (filter.Chain.Generations; as many as
+	// Totals.Generations); an empty list without a window.
+	Generations []generationReport `json:"generations"`
 	// Totals are filter.Chain.Stats.
 	Totals totalsReport `json:"totals"`
 }
@@ -170,6 +185,11 @@ type paramsReport struct {
 	// GenerationSpanMillis is the record time one generation covers
 	// (window/generations in whole milliseconds), 0 without a window.
 	GenerationSpanMillis int64 `json:"generation_span_ms"`
+	// GenerationBits is the width in bits of the generation tag each slot
+	// stores beside its fingerprint (filter.Params.GenerationBits), 0
+	// without a window: a slot of a sub-filter is its fingerprint_bits
+	// plus these.
+	GenerationBits int `json:"generation_bits"`
 	// Key is KDEDUP_KEY, the dedup key spec ("key", "header:NAME" or
 	// "json:PATH"); a worker with another refuses the state.
 	Key string `json:"key"`
@@ -177,13 +197,8 @@ type paramsReport struct {
 
 // subFilterReport is one sub-filter (filter.SubFilter).
 type subFilterReport struct {
-	ID         uint32 `json:"id"`
-	Generation int64  `json:"generation"`
-	// GenerationStart and GenerationEnd bound the record timestamps of the
-	// generation, [start, end); null without a window.
-	GenerationStart *string `json:"generation_start"`
-	GenerationEnd   *string `json:"generation_end"`
-	Pages           uint64  `json:"pages"`
+	ID    uint32 `json:"id"`
+	Pages uint64 `json:"pages"`
 	// RootPages is the pages the sub-filter started with; Pages-RootPages
 	// of its pages came from splits.
 	RootPages uint64 `json:"root_pages"`
@@ -192,9 +207,12 @@ type subFilterReport struct {
 	Entries map[int]uint64 `json:"entries_by_length"`
 	Buckets uint64         `json:"buckets"`
 	// Slots is the sub-filter's capacity in fingerprints.
-	Slots           uint64 `json:"slots"`
-	FingerprintBits int    `json:"fingerprint_bits"`
-	Items           uint64 `json:"items"`
+	Slots uint64 `json:"slots"`
+	// FingerprintBits is the fingerprint width of the sub-filter's
+	// entries, without the generation tag (params.generation_bits).
+	FingerprintBits int `json:"fingerprint_bits"`
+	// Items is the live entries, of every generation.
+	Items uint64 `json:"items"`
 	// LoadFactor is Items/Slots.
 	LoadFactor float64 `json:"load_factor"`
 	// EstimatedFPR is filter.SubFilter.EstimatedFPR: the sub-filter's
@@ -202,6 +220,15 @@ type subFilterReport struct {
 	EstimatedFPR float64 `json:"estimated_fpr"`
 	// Bytes is Pages*PageBytes (pages never written take no disk space).
 	Bytes uint64 `json:"bytes"`
+}
+
+// generationReport is one live generation of a window
+// (filter.GenerationItems).
+type generationReport struct {
+	generationRef
+	// Items is the generation's live entries across all sub-filters
+	// (those deleted since count no more).
+	Items uint64 `json:"items"`
 }
 
 // totalsReport is filter.Stats of the chain.
@@ -236,9 +263,10 @@ func inspectPartition(db *store.DB, tp store.TopicPartition) (pr partitionReport
 			TargetFPR: p.TargetFPR, FingerprintBits: p.FingerprintBits, BucketSize: p.BucketSize,
 			Capacity: p.Capacity, MaxKicks: p.MaxKicks, Expansion: p.Expansion, PageBytes: p.PageBytes,
 			WindowMillis: p.Window.Milliseconds(), Generations: p.Generations, GenerationSpanMillis: p.SpanMillis(),
-			Key: p.KeySpec,
+			GenerationBits: p.GenerationBits(), Key: p.KeySpec,
 		},
-		SubFilters: []subFilterReport{},
+		SubFilters:  []subFilterReport{},
+		Generations: []generationReport{},
 	}
 	st := chain.Stats()
 	if st.Watermark != math.MinInt64 {
@@ -249,7 +277,7 @@ func inspectPartition(db *store.DB, tp store.TopicPartition) (pr partitionReport
 		slots := sf.Slots(p.BucketSize)
 		load := float64(sf.Items) / float64(slots)
 		r := subFilterReport{
-			ID: sf.ID, Generation: sf.Generation, Pages: sf.Pages, RootPages: sf.RootPages, Entries: map[int]uint64{},
+			ID: sf.ID, Pages: sf.Pages, RootPages: sf.RootPages, Entries: map[int]uint64{},
 			Buckets: sf.Buckets(), Slots: slots,
 			FingerprintBits: sf.FingerprintBits, Items: sf.Items, LoadFactor: load,
 			EstimatedFPR: sf.EstimatedFPR(),
@@ -260,8 +288,10 @@ func inspectPartition(db *store.DB, tp store.TopicPartition) (pr partitionReport
 				r.Entries[sf.FingerprintBits-1+i] = n
 			}
 		}
-		r.GenerationStart, r.GenerationEnd = generationBounds(p, sf.Generation)
 		pr.SubFilters = append(pr.SubFilters, r)
+	}
+	for _, g := range chain.Generations() {
+		pr.Generations = append(pr.Generations, generationReport{generationRef: newGenerationRef(p, g.Generation), Items: g.Items})
 	}
 	pr.Totals = totalsReport{
 		SubFilters: st.SubFilters, Generations: st.Generations, Items: st.Items, Slots: st.Slots,
@@ -271,8 +301,9 @@ func inspectPartition(db *store.DB, tp store.TopicPartition) (pr partitionReport
 	return pr, true, nil
 }
 
-// writeInspectText prints rep for people: a few lines per topic-partition
-// and a table of its sub-filters.
+// writeInspectText prints rep for people: a few lines per topic-partition,
+// a table of its sub-filters and, with a window, a line per live
+// generation.
 func writeInspectText(w io.Writer, rep inspectReport) {
 	if len(rep.Partitions) == 0 {
 		fmt.Fprintf(w, "no topic-partition with committed state in %s\n", rep.DataDir)
@@ -292,8 +323,8 @@ func writeInspectText(w io.Writer, rep inspectReport) {
 			width, p.BucketSize, p.Capacity, p.PageBytes, p.Expansion, p.MaxKicks, pr.FormatVersion)
 		fmt.Fprintf(w, "  key:       %s (KDEDUP_KEY)\n", p.Key)
 		if p.WindowMillis != 0 {
-			fmt.Fprintf(w, "  window:    %s in %d generations of %s\n",
-				time.Duration(p.WindowMillis)*time.Millisecond, p.Generations, time.Duration(p.GenerationSpanMillis)*time.Millisecond)
+			fmt.Fprintf(w, "  window:    %s in %d generations of %s, a %d-bit generation tag in each slot\n",
+				time.Duration(p.WindowMillis)*time.Millisecond, p.Generations, time.Duration(p.GenerationSpanMillis)*time.Millisecond, p.GenerationBits)
 		} else {
 			fmt.Fprintln(w, "  window:    none (keys are remembered until deleted)")
 		}
@@ -303,16 +334,15 @@ func writeInspectText(w io.Writer, rep inspectReport) {
 			fmt.Fprintln(w, "  watermark: none")
 		}
 		tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "\tgeneration\tspan (record time)\tsub-filter\tpages\tslots\tfp bits\titems\tload\test. FPR\tbytes\t")
+		fmt.Fprintln(tw, "\tsub-filter\tpages\tslots\tfp bits\titems\tload\test. FPR\tbytes\t")
 		for _, s := range pr.SubFilters {
-			span := "-"
-			if s.GenerationStart != nil {
-				span = *s.GenerationStart + " .. " + *s.GenerationEnd
-			}
-			fmt.Fprintf(tw, "\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%.4f\t%.3g\t%d\t\n",
-				s.Generation, span, s.ID, s.Pages, s.Slots, s.FingerprintBits, s.Items, s.LoadFactor, s.EstimatedFPR, s.Bytes)
+			fmt.Fprintf(tw, "\t%d\t%d\t%d\t%d\t%d\t%.4f\t%.3g\t%d\t\n",
+				s.ID, s.Pages, s.Slots, s.FingerprintBits, s.Items, s.LoadFactor, s.EstimatedFPR, s.Bytes)
 		}
 		tw.Flush()
+		for _, g := range pr.Generations {
+			fmt.Fprintf(w, "  generation %s: %d %s\n", describeGeneration(g.generationRef), g.Items, plural(int(g.Items), "item", "items"))
+		}
 		t := pr.Totals
 		fmt.Fprintf(w, "  total:     %d items in %d slots, load %.4f, estimated FPR %.3g, %d bytes, %d sub-filters in %d %s, near full: %s\n",
 			t.Items, t.Slots, t.LoadFactor, t.EstimatedFPR, t.Bytes, t.SubFilters, t.Generations, plural(t.Generations, "generation", "generations"), yesNo(t.NearFull))

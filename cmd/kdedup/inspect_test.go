@@ -10,6 +10,7 @@ import (
 	"math"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -45,13 +46,38 @@ type partitionState struct {
 	maxOcc int
 	recs   []*kgo.Record
 	held   map[string]int // key -> copies, the exact model
-	epoch  int32
+	// gens is, with a window, the generation of each copy of each held
+	// key, oldest first (len held[key]); nil without a window.
+	gens map[string][]int64
+	// genBits is the generation tag width the state must have: the least
+	// t with 2^t >= Generations+2, 0 without a window.
+	genBits int
+	epoch   int32
+}
+
+// modelGenerations is the exact model of filter.Chain.Generations: the
+// live copies of s's held keys by generation, oldest first.
+func (s *partitionState) modelGenerations() []filter.GenerationItems {
+	byGen := map[int64]uint64{}
+	for _, gs := range s.gens {
+		for _, g := range gs {
+			byGen[g]++
+		}
+	}
+	out := []filter.GenerationItems{}
+	for g, n := range byGen {
+		out = append(out, filter.GenerationItems{Generation: g, Items: n})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Generation < out[j].Generation })
+	return out
 }
 
 // testState returns the records of the test state: orders/0 has 1,000 keys
 // (some sent twice, 100 deleted) on fixedParams; orders/1 has 400 keys over
 // 10 s of record time on windowParams, 2 records each for keys kept with
-// up to 2 copies (MaxOccurrences 2).
+// up to 2 copies (MaxOccurrences 2), then a second copy of w-0003 late but
+// in the window (its copies are of two generations) and a key more than a
+// window late (kept in the oldest live generation).
 func testState() []*partitionState {
 	fixed := &partitionState{tp: store.TopicPartition{Topic: "orders", Partition: 0}, params: fixedParams, held: map[string]int{}, epoch: 3}
 	for i := range 1000 {
@@ -68,15 +94,32 @@ func testState() []*partitionState {
 		delete(fixed.held, k)
 	}
 
-	win := &partitionState{tp: store.TopicPartition{Topic: "orders", Partition: 1}, params: windowParams, maxOcc: 2, held: map[string]int{}, epoch: 7}
+	win := &partitionState{tp: store.TopicPartition{Topic: "orders", Partition: 1}, params: windowParams, maxOcc: 2,
+		held: map[string]int{}, gens: map[string][]int64{}, genBits: 3, epoch: 7}
+	wp := windowParams.WithDefaults()
+	watermark := int64(math.MinInt64)
+	send := func(k string, ts time.Time) {
+		win.recs = append(win.recs, &kgo.Record{Key: []byte(k), Value: []byte("v"), Timestamp: ts})
+		watermark = max(watermark, ts.UnixMilli())
+		if win.held[k] < win.maxOcc { // no refresh: a copy over the limit changes nothing
+			win.held[k]++
+			win.gens[k] = append(win.gens[k], max(wp.Generation(ts.UnixMilli()), wp.OldestLive(watermark)))
+		}
+	}
 	for i := range 400 {
 		k := fmt.Sprintf("w-%04d", i)
 		ts := base.Add(time.Duration(i) * 25 * time.Millisecond) // 10 s: 5 generations of 2 s, all live
-		win.recs = append(win.recs, &kgo.Record{Key: []byte(k), Value: []byte("v"), Timestamp: ts})
-		win.held[k] = 1
+		send(k, ts)
 		if i%2 == 0 {
-			win.recs = append(win.recs, &kgo.Record{Key: []byte(k), Value: []byte("v"), Timestamp: ts})
-			win.held[k] = 2
+			send(k, ts)
+		}
+	}
+	send("w-0003", base.Add(5*time.Second))   // late, in the window: its own generation
+	send("late-0000", base.Add(-time.Minute)) // a window late: the oldest live generation
+	for k, gs := range win.gens {
+		sort.Slice(gs, func(i, j int) bool { return gs[i] < gs[j] })
+		if gs[0] < wp.OldestLive(watermark) {
+			panic(fmt.Sprintf("test state: a copy of %s expired; the model keeps none", k))
 		}
 	}
 	return []*partitionState{fixed, win}
@@ -154,6 +197,25 @@ func readChains(t *testing.T, dir string) map[store.TopicPartition]struct {
 	return out
 }
 
+// wantRef is generation gen of a span of span ms as check and inspect
+// must report it: its record time bounds computed here, [gen*span,
+// (gen+1)*span).
+func wantRef(gen, span int64) generationRef {
+	start := time.UnixMilli(gen * span).UTC().Format("2006-01-02T15:04:05.000Z07:00")
+	end := time.UnixMilli((gen + 1) * span).UTC().Format("2006-01-02T15:04:05.000Z07:00")
+	return generationRef{Generation: gen, Start: &start, End: &end}
+}
+
+// fmtGenerations prints generations with their bounds (%+v prints the
+// pointers).
+func fmtGenerations(gens []generationReport) string {
+	parts := []string{}
+	for _, g := range gens {
+		parts = append(parts, fmt.Sprintf("%s: %d", describeGeneration(g.generationRef), g.Items))
+	}
+	return "[" + strings.Join(parts, "; ") + "]"
+}
+
 func run(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
@@ -180,7 +242,7 @@ func TestInspectJSON(t *testing.T) {
 	if err := dec.Decode(&rep); err != nil {
 		t.Fatalf("decoding %s: %v", out, err)
 	}
-	if rep.Version != 1 || rep.DataDir != dir || len(rep.Partitions) != len(states) {
+	if rep.Version != 2 || rep.DataDir != dir || len(rep.Partitions) != len(states) {
 		t.Fatalf("report header: version %d, data_dir %q, %d partitions", rep.Version, rep.DataDir, len(rep.Partitions))
 	}
 	for i, s := range states {
@@ -191,8 +253,8 @@ func TestInspectJSON(t *testing.T) {
 		}
 		checkPartitionReport(t, pr, s, want.meta, want.stats)
 	}
-	if !strings.Contains(out, `"watermark_ms": null`) || !strings.Contains(out, `"generation_start": null`) {
-		t.Errorf("the fixed filter's watermark and generation bounds are not null:\n%s", out)
+	if !strings.Contains(out, `"watermark_ms": null`) || !strings.Contains(out, `"generations": []`) || strings.Contains(out, `"generation_start": null`) {
+		t.Errorf("the fixed filter's watermark is not null, or its generations not an empty list, or a generation has null bounds:\n%s", out)
 	}
 }
 
@@ -206,8 +268,8 @@ func checkPartitionReport(t *testing.T, pr partitionReport, s *partitionState, m
 	span := p.Window.Milliseconds() / int64(max(1, p.Generations))
 	wantParams := paramsReport{TargetFPR: p.TargetFPR, FingerprintBits: p.FingerprintBits, BucketSize: p.BucketSize,
 		Capacity: p.Capacity, MaxKicks: p.MaxKicks, Expansion: p.Expansion, PageBytes: p.PageBytes,
-		WindowMillis: p.Window.Milliseconds(), Generations: p.Generations, GenerationSpanMillis: span, Key: "key"}
-	if pr.Params != wantParams || meta.Params != p || pr.FormatVersion != meta.FormatVersion {
+		WindowMillis: p.Window.Milliseconds(), Generations: p.Generations, GenerationSpanMillis: span, GenerationBits: s.genBits, Key: "key"}
+	if pr.Params != wantParams || meta.Params != p || p.GenerationBits() != s.genBits || pr.FormatVersion != meta.FormatVersion {
 		t.Errorf("%s: params %+v (format %d), want %+v (stored %s, format %d)", s.tp, pr.Params, pr.FormatVersion, wantParams, meta.Params, meta.FormatVersion)
 	}
 	switch {
@@ -225,7 +287,7 @@ func checkPartitionReport(t *testing.T, pr partitionReport, s *partitionState, m
 		got := pr.SubFilters[i]
 		slots := sf.Slots(p.BucketSize)
 		load := float64(sf.Items) / float64(slots)
-		want := subFilterReport{ID: sf.ID, Generation: sf.Generation, Pages: sf.Pages, RootPages: sf.RootPages, Buckets: sf.Buckets(), Slots: slots,
+		want := subFilterReport{ID: sf.ID, Pages: sf.Pages, RootPages: sf.RootPages, Buckets: sf.Buckets(), Slots: slots,
 			FingerprintBits: sf.FingerprintBits, Items: sf.Items, LoadFactor: load,
 			EstimatedFPR: sf.EstimatedFPR(), Bytes: sf.Pages * uint64(p.PageBytes)}
 		var entries uint64
@@ -238,23 +300,27 @@ func checkPartitionReport(t *testing.T, pr partitionReport, s *partitionState, m
 		if entries != sf.Items {
 			t.Errorf("%s sub-filter %d: entries by length sum to %d, items %d", s.tp, i, entries, sf.Items)
 		}
-		gotBounds := [2]*string{got.GenerationStart, got.GenerationEnd}
-		got.GenerationStart, got.GenerationEnd, got.Entries = nil, nil, nil
+		got.Entries = nil
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%s sub-filter %d:\n got %+v\nwant %+v", s.tp, i, got, want)
 		}
-		if span == 0 {
-			if gotBounds[0] != nil || gotBounds[1] != nil {
-				t.Errorf("%s sub-filter %d: generation bounds without a window", s.tp, i)
-			}
-		} else {
-			start := time.UnixMilli(sf.Generation * span).UTC() // filter.SubFilter.Generation
-			if gotBounds[0] == nil || *gotBounds[0] != start.Format("2006-01-02T15:04:05.000Z07:00") ||
-				*gotBounds[1] != start.Add(time.Duration(span)*time.Millisecond).Format("2006-01-02T15:04:05.000Z07:00") {
-				t.Errorf("%s sub-filter %d (generation %d): bounds %v %v, want from %s", s.tp, i, sf.Generation, *gotBounds[0], *gotBounds[1], start)
-			}
-		}
 		items += sf.Items
+	}
+	// The generations: exactly the model's, by generation, with bounds
+	// from the span (not from the code under test).
+	wantGens := []generationReport{}
+	var genItems uint64
+	for _, g := range s.modelGenerations() {
+		wantGens = append(wantGens, generationReport{generationRef: wantRef(g.Generation, span), Items: g.Items})
+	}
+	for _, g := range pr.Generations {
+		genItems += g.Items
+	}
+	if pr.Generations == nil || !reflect.DeepEqual(pr.Generations, wantGens) {
+		t.Errorf("%s: generations\n got %s\nwant %s", s.tp, fmtGenerations(pr.Generations), fmtGenerations(wantGens))
+	}
+	if span != 0 && (len(pr.Generations) != st.Generations || genItems != st.Items) {
+		t.Errorf("%s: %d generations of %d items, Stats has %d generations of %d items", s.tp, len(pr.Generations), genItems, st.Generations, st.Items)
 	}
 	wantTotals := totalsReport{SubFilters: st.SubFilters, Generations: st.Generations, Items: st.Items, Slots: st.Slots,
 		LoadFactor: st.LoadFactor, NewestLoadFactor: st.NewestLoadFactor, EstimatedFPR: st.EstimatedFPR, Bytes: st.Bytes,
@@ -279,6 +345,9 @@ func TestInspectFixtureShape(t *testing.T) {
 	}
 	if st := ref[store.TopicPartition{Topic: "orders", Partition: 1}].stats; st.Generations != 5 {
 		t.Errorf("orders/1 has %d generations, want 5", st.Generations)
+	}
+	if gens := testState()[1].modelGenerations(); len(gens) != 5 || gens[0].Generation != base.UnixMilli()/2000 {
+		t.Errorf("the model of orders/1 has generations %+v, want 5 from %d", gens, base.UnixMilli()/2000)
 	}
 }
 
@@ -309,7 +378,7 @@ func TestInspectText(t *testing.T) {
 		if p.FingerprintBits != 0 {
 			want = append(want, "fixed fingerprint width 32 bits", "window:    none", "watermark: none")
 		} else {
-			want = append(want, "target FPR 0.001", "window:    8s in 4 generations of 2s",
+			want = append(want, "target FPR 0.001", "window:    8s in 4 generations of 2s, a 3-bit generation tag in each slot",
 				"watermark: "+time.UnixMilli(st.Watermark).UTC().Format("2006-01-02T15:04:05.000Z07:00"))
 		}
 		lines := strings.Split(sec, "\n")
@@ -321,13 +390,29 @@ func TestInspectText(t *testing.T) {
 			found := false
 			for _, l := range lines {
 				f := strings.Fields(l)
-				if len(f) >= len(row) && strings.Join(f[len(f)-len(row):], " ") == strings.Join(row, " ") && f[0] == fmt.Sprint(sf.Generation) {
+				if strings.Join(f, " ") == strings.Join(row, " ") {
 					found = true
 				}
 			}
 			if !found {
 				t.Errorf("%s: no row for sub-filter %d (%v):\n%s", s.tp, sf.ID, row, sec)
 			}
+		}
+		// One line per live generation of the model, none without a
+		// window.
+		var genLines []string
+		for _, l := range lines {
+			if strings.HasPrefix(l, "  generation ") {
+				genLines = append(genLines, l)
+			}
+		}
+		var wantLines []string
+		for _, g := range s.modelGenerations() {
+			r := wantRef(g.Generation, p.SpanMillis())
+			wantLines = append(wantLines, fmt.Sprintf("  generation %d (record time %s .. %s): %d %s", g.Generation, *r.Start, *r.End, g.Items, plural(int(g.Items), "item", "items")))
+		}
+		if strings.Join(genLines, "\n") != strings.Join(wantLines, "\n") {
+			t.Errorf("%s: generation lines\n%s\nwant\n%s", s.tp, strings.Join(genLines, "\n"), strings.Join(wantLines, "\n"))
 		}
 		for _, w := range want {
 			if !strings.Contains(sec, w) {
