@@ -101,7 +101,8 @@ type SubFilter struct {
 	share int
 
 	// depths[k] is the depth of page k (0 for the root pages never split
-	// and for page numbers not in use).
+	// and for page numbers not in use), up to the highest page number in
+	// use.
 	depths []uint8
 	// atDepth counts the pages at each depth; minDepth is the least depth
 	// a page is at.
@@ -824,8 +825,10 @@ func (c *Chain) split(pos *position, pg []byte) error {
 // grew records that page left, at depth d, split into left and right.
 func (s *SubFilter) grew(left, right uint64, d int) {
 	if right >= uint64(len(s.depths)) {
-		n := min(max(right+1, uint64(len(s.depths))*5/4), s.RootPages<<s.maxDepth)
-		s.depths = append(s.depths, make([]uint8, n-uint64(len(s.depths)))...)
+		// Exactly up to the highest page number in use, as the metadata
+		// stores them: the sweep's positions (pagePositions) are the same
+		// in a chain opened again.
+		s.depths = append(s.depths, make([]uint8, right+1-uint64(len(s.depths)))...)
 	}
 	s.depths[left], s.depths[right] = uint8(d+1), uint8(d+1)
 	s.atDepth[d]--

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"encoding/binary"
 	"math"
 	"math/bits"
 )
@@ -335,12 +336,24 @@ func (c *Chain) sweepNext(minAge uint32) error {
 	}
 	w := sf.slotBits
 	cleared := c.cleared[:0]
-	for i := range int(sf.bucketsPerPage) * c.p.BucketSize {
-		off := i * w
-		if v := get(pg, off, w); v != 0 && c.gens.age(v>>sf.FingerprintBits) >= minAge {
-			set(pg, off, w, 0)
-			cleared = append(cleared, off)
+	// Only the slots that share bits with a non-zero 64-bit word can hold
+	// an entry: a page holding few keys (a window far below the capacity)
+	// is read a word at a time.
+	slots := int(sf.bucketsPerPage) * c.p.BucketSize
+	next := 0 // the first slot not yet looked at
+	for word := 0; word+8 <= len(pg) && next < slots; word += 8 {
+		if binary.LittleEndian.Uint64(pg[word:]) == 0 {
+			continue
 		}
+		last := min((word*8+63)/w, slots-1)
+		for i := max(next, word*8/w); i <= last; i++ {
+			off := i * w
+			if v := get(pg, off, w); v != 0 && c.gens.age(v>>sf.FingerprintBits) >= minAge {
+				set(pg, off, w, 0)
+				cleared = append(cleared, off)
+			}
+		}
+		next = last + 1
 	}
 	if len(cleared) > maxMarkedKicks {
 		c.pager.MarkDirty(id, pg)

@@ -181,7 +181,7 @@ func TestWindowRefreshSlides(t *testing.T) {
 }
 
 // TestWindowReopenIsDeterministic: a windowed chain reopened from its
-// metadata every 700 keys (the sweep's cursor, the used generations and
+// metadata every 97 keys (the sweep's cursor, the used generations and
 // the entries by generation go with it) ends in exactly the state of one
 // never reopened, with the same seed and input: metadata and pages.
 func TestWindowReopenIsDeterministic(t *testing.T) {
@@ -201,7 +201,7 @@ func TestWindowReopenIsDeterministic(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if i%700 == 0 {
+		if i%97 == 0 {
 			re, err := Open(c.MarshalMeta(), p, pager)
 			if err != nil {
 				t.Fatal(err)
