@@ -66,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		load:        gauge("kdedup_filter_load_factor", "Items over slots across the partition's chain."),
 		newestLoad:  gauge("kdedup_filter_newest_load_factor", "Load factor of the newest sub-filter, the one inserts go to first (older ones take keys it has no room for)."),
 		subFilters:  gauge("kdedup_filter_sub_filters", "Sub-filters in the partition's chain."),
-		generations: gauge("kdedup_filter_generations", "Live generations of the partition's chain (1 without a dedup window; at most WINDOW_GENERATIONS+1 with one)."),
+		generations: gauge("kdedup_filter_generations", "Live generations holding keys in the partition's chain, whose entries carry their generation tag (1 without a dedup window; at most WINDOW_GENERATIONS+1 with one)."),
 		watermark:   gauge("kdedup_filter_watermark_timestamp_seconds", "Highest record timestamp the partition's chain has seen, which drives window expiry (only with WINDOW set)."),
 		items:       gauge("kdedup_filter_items", "Fingerprints stored in the partition's chain."),
 		fpr:         gauge("kdedup_filter_estimated_fpr", "Estimated false-positive rate of the chain: over its entries, the chance a key never inserted lands in an entry's buckets times 2^-(its fingerprint length) (filter.SubFilter.EstimatedFPR)."),
