@@ -343,10 +343,11 @@ type Chain struct {
 	// timestamp, and nextTick the next watermark at which Advance sweeps
 	// (tickAfter): all follow from the watermark.
 	newestGen, newestStart, nextTick int64
-	// sweepSub and sweepPage are the sweep's cursor in the current pass:
-	// the next page number to sweep, of c.subs[sweepSub] (Advance).
+	// sweepSub and sweepRoot are the sweep's cursor in the current pass:
+	// the next root page to sweep (with the pages split from it), of
+	// c.subs[sweepSub] (Advance).
 	sweepSub  int
-	sweepPage uint64
+	sweepRoot uint64
 	kicks     []kick // reused eviction log
 	scratch   []byte // a split's right page, as it is built
 	cleared   []int  // reused by the sweep
@@ -462,7 +463,7 @@ func Open(meta []byte, p Params, pager Pager) (*Chain, error) {
 			c.nextTick = c.tickAfter(m.Watermark)
 		}
 		copy(c.gens.used, m.used)
-		c.sweepSub, c.sweepPage = int(m.sweepSub), uint64(m.sweepPage)
+		c.sweepSub, c.sweepRoot = int(m.sweepSub), uint64(m.sweepRoot)
 		for i := range c.subs {
 			c.subs[i].gens = c.gens
 		}

@@ -152,7 +152,7 @@ func (c *Chain) advance(ts int64) (int, error) {
 		}
 		var err error
 		if expired > 0 {
-			c.sweepSub, c.sweepPage = 0, 0
+			c.sweepSub, c.sweepRoot = 0, 0
 			err = c.sweepUntil(c.pagePositions(), 0)
 		}
 		return expired, c.startAt(k, ts, err)
@@ -169,7 +169,7 @@ func (c *Chain) advance(ts int64) (int, error) {
 	if j == 1 {
 		err = c.sweepUntil(c.blockEnd(old), g.maxAge+1)
 	} else {
-		c.sweepSub, c.sweepPage = 0, 0
+		c.sweepSub, c.sweepRoot = 0, 0
 		err = c.sweepUntil(c.pagePositions(), uint32(max(int64(g.maxAge)+1-j, 0)))
 	}
 	// Expire the generations the jump passed, the live ones of old only.
@@ -188,7 +188,7 @@ func (c *Chain) advance(ts int64) (int, error) {
 		g.newest = g.tag(k)
 		c.dropEmpty()
 		if floorMod(k, g.passGens()) == 0 {
-			c.sweepSub, c.sweepPage = 0, 0 // a new pass
+			c.sweepSub, c.sweepRoot = 0, 0 // a new pass
 		}
 		if err != nil {
 			return expired, err
@@ -205,13 +205,13 @@ func (c *Chain) advance(ts int64) (int, error) {
 func (c *Chain) startAt(k, ts int64, err error) error {
 	c.gens.newest = c.gens.tag(k)
 	c.dropEmpty()
-	c.sweepSub, c.sweepPage = 0, 0
+	c.sweepSub, c.sweepRoot = 0, 0
 	if err != nil {
 		return err
 	}
 	c.skipTo(c.blockEnd(k - 1))
 	if floorMod(k, c.gens.passGens()) == 0 {
-		c.sweepSub, c.sweepPage = 0, 0
+		c.sweepSub, c.sweepRoot = 0, 0
 	}
 	return c.sweepUntil(c.sweepTarget(ts), c.gens.maxAge+1)
 }
@@ -232,29 +232,33 @@ func (c *Chain) dropEmpty() {
 	}
 	c.subs = append(c.subs[:0], c.subs[n:]...)
 	if c.sweepSub < n {
-		c.sweepSub, c.sweepPage = 0, 0
+		c.sweepSub, c.sweepRoot = 0, 0
 	} else {
 		c.sweepSub -= n
 	}
 }
 
-// pagePositions is the number of page numbers of the chain, in the
-// sweep's order: every sub-filter's, oldest first. A page number keeps its
-// position as the chain grows (only the newest sub-filter splits pages,
-// whose new numbers are its highest, and new sub-filters come last).
+// pagePositions is the number of positions of the sweep's order: the
+// root pages of every sub-filter, oldest first, each standing for itself
+// and every page split from it (the page numbers k + RootPages·2^d that
+// descend from it, which the sweep reads with it). A root's position never
+// moves later: root pages are fixed when a sub-filter is made, new
+// sub-filters come last and only the oldest leave. And a split keeps its
+// entries within the root's pages, so that every entry is read once in
+// every pass, P generations after the last time, wherever splits move it.
 func (c *Chain) pagePositions() uint64 {
 	var n uint64
 	for i := range c.subs {
-		n += uint64(len(c.subs[i].depths))
+		n += c.subs[i].RootPages
 	}
 	return n
 }
 
 // sweepPosition is the position of the sweep's cursor.
 func (c *Chain) sweepPosition() uint64 {
-	n := c.sweepPage
+	n := c.sweepRoot
 	for i := range min(c.sweepSub, len(c.subs)) {
-		n += uint64(len(c.subs[i].depths))
+		n += c.subs[i].RootPages
 	}
 	return n
 }
@@ -294,13 +298,13 @@ func floorMod(a, b int64) int64 { return a - floorDiv(a, b)*b }
 func (c *Chain) skipTo(target uint64) {
 	pos := c.sweepPosition()
 	for pos < target && c.sweepSub < len(c.subs) {
-		n := uint64(len(c.subs[c.sweepSub].depths)) - c.sweepPage
+		n := c.subs[c.sweepSub].RootPages - c.sweepRoot
 		if pos+n > target {
-			c.sweepPage += target - pos
+			c.sweepRoot += target - pos
 			return
 		}
 		pos += n
-		c.sweepSub, c.sweepPage = c.sweepSub+1, 0
+		c.sweepSub, c.sweepRoot = c.sweepSub+1, 0
 	}
 }
 
@@ -315,20 +319,30 @@ func (c *Chain) sweepUntil(target uint64, minAge uint32) error {
 	return nil
 }
 
-// sweepNext sweeps the page number at the cursor, if it is a page now, and
-// moves the cursor on: it clears every entry at least minAge generations
-// old (expired ones: minAge is above Generations).
+// sweepNext sweeps the root page at the cursor and the pages split from
+// it, and moves the cursor on: it clears every entry at least minAge
+// generations old (expired ones: minAge is above Generations).
 func (c *Chain) sweepNext(minAge uint32) error {
 	sf := &c.subs[c.sweepSub]
-	page := c.sweepPage
-	c.sweepPage++
-	if c.sweepPage >= uint64(len(sf.depths)) {
-		c.sweepSub, c.sweepPage = c.sweepSub+1, 0
+	root := c.sweepRoot
+	c.sweepRoot++
+	if c.sweepRoot >= sf.RootPages {
+		c.sweepSub, c.sweepRoot = c.sweepSub+1, 0
 	}
-	if _, ok := sf.Depth(uint32(page)); !ok {
-		return nil
+	for page := root; page < uint64(len(sf.depths)); page += sf.RootPages {
+		if _, ok := sf.Depth(uint32(page)); ok {
+			if err := c.clearExpired(sf, uint32(page), minAge); err != nil {
+				return err
+			}
+		}
 	}
-	id := PageID{SubFilter: sf.ID, Page: uint32(page)}
+	return nil
+}
+
+// clearExpired clears the entries of page of sf at least minAge generations
+// old.
+func (c *Chain) clearExpired(sf *SubFilter, page uint32, minAge uint32) error {
+	id := PageID{SubFilter: sf.ID, Page: page}
 	c.swept++
 	pg, err := c.readPage(id)
 	if err != nil {

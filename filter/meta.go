@@ -41,7 +41,7 @@ const (
 	// sub-filter count, seed, key spec length (the key spec follows)
 	metaHeaderLen = 4 + 1 + 1 + 1 + 1 + 4 + 2 + 4 + 8 + 8 + 8 + 1 + 4 + 8 + 2 + 16 + 2
 	// with a window, after the key spec: the sweep's sub-filter index and
-	// page number, then the used generation tags, one bit each
+	// root page, then the used generation tags, one bit each
 	metaWindowLen = 2 + 4
 	// ID, share of the false-positive budget, root pages, width, entries
 	// by length, page count (the page depths follow, two to a byte, then
@@ -68,7 +68,7 @@ type Meta struct {
 	// With a window: the generation tags that took entries, and the
 	// sweep's cursor (Chain.Advance).
 	used                []bool
-	sweepSub, sweepPage uint32
+	sweepSub, sweepRoot uint32
 }
 
 // MarshalMeta encodes the chain metadata: format version, hash id, Params
@@ -86,7 +86,7 @@ func (c *Chain) MarshalMeta() []byte {
 	m := Meta{FormatVersion: FormatVersion, HashID: HashSipHash24, Params: c.p,
 		NextID: c.nextID, Watermark: c.watermark, Seed: c.seed, SubFilters: c.subs}
 	if c.gens != nil {
-		m.used, m.sweepSub, m.sweepPage = c.gens.used, uint32(c.sweepSub), uint32(c.sweepPage)
+		m.used, m.sweepSub, m.sweepRoot = c.gens.used, uint32(c.sweepSub), uint32(c.sweepRoot)
 	}
 	return m.marshal()
 }
@@ -148,7 +148,7 @@ func (m Meta) marshal() []byte {
 	if m.Params.Window > 0 {
 		tags = 1 << m.Params.WithDefaults().genBits()
 		b = binary.BigEndian.AppendUint16(b, uint16(m.sweepSub))
-		b = binary.BigEndian.AppendUint32(b, m.sweepPage)
+		b = binary.BigEndian.AppendUint32(b, m.sweepRoot)
 		used := make([]byte, (tags+7)/8)
 		for t, u := range m.used {
 			if u {
@@ -271,7 +271,7 @@ func DecodeMeta(b []byte) (Meta, error) {
 		if len(rest) < metaWindowLen+(tags+7)/8 {
 			return Meta{}, fmt.Errorf("%w: metadata ends in the window's state", ErrCorrupt)
 		}
-		m.sweepSub, m.sweepPage = uint32(binary.BigEndian.Uint16(rest)), binary.BigEndian.Uint32(rest[2:])
+		m.sweepSub, m.sweepRoot = uint32(binary.BigEndian.Uint16(rest)), binary.BigEndian.Uint32(rest[2:])
 		rest = rest[metaWindowLen:]
 		if m.Watermark != math.MinInt64 {
 			k.newest = k.tag(generation(m.Watermark, m.Params.spanMillis()))
@@ -366,6 +366,9 @@ func DecodeMeta(b []byte) (Meta, error) {
 			}
 		}
 		m.SubFilters = append(m.SubFilters, s)
+	}
+	if k != nil && (int(m.sweepSub) == n && m.sweepRoot != 0 || int(m.sweepSub) < n && uint64(m.sweepRoot) >= m.SubFilters[m.sweepSub].RootPages) {
+		return Meta{}, fmt.Errorf("%w: the sweep is at root page %d of sub-filter %d", ErrCorrupt, m.sweepRoot, m.sweepSub)
 	}
 	if len(rest) != 0 {
 		return Meta{}, fmt.Errorf("%w: %d bytes after the last sub-filter", ErrCorrupt, len(rest))
