@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"strings"
 
 	"github.com/dchest/siphash"
@@ -568,9 +569,9 @@ func (c *Chain) Stats() Stats {
 	newest := c.subs[len(c.subs)-1]
 	s.NewestLoadFactor = float64(newest.Items) / float64(newest.Slots(b))
 	s.NewestFingerprintBits = newest.FingerprintBits
-	n := newest.share + 1
+	next := c.freeShare(-1)
 	s.NearFull = len(c.subs) >= MaxSubFilters-1 ||
-		(c.p.FingerprintBits == 0 && c.p.SubFilterBits(n+1) >= c.p.maxFingerprintBits() && c.p.SubFilterBits(n) >= c.p.maxFingerprintBits())
+		(c.p.FingerprintBits == 0 && c.p.SubFilterBits(c.freeShare(next)) >= c.p.maxFingerprintBits() && c.p.SubFilterBits(next) >= c.p.maxFingerprintBits())
 	return s
 }
 
@@ -749,6 +750,18 @@ func (c *Chain) placeSplitting(h uint64, s int, pos *position, pg []byte) error 
 		kicks := c.p.MaxKicks
 		if canSplit {
 			kicks = min(kicks, splitKicks)
+		} else if c.gens != nil && s == len(c.subs)-1 {
+			// A window's older sub-filters get slots back as generations
+			// expire: a free slot there is cheaper than a walk of MaxKicks
+			// in a page that cannot split, most of which fail when the
+			// newest sub-filter is near full at its deepest.
+			placed, err := c.placeOlder(h)
+			if err != nil || placed {
+				return err
+			}
+			if pg, err = c.open(pos, h, s); err != nil {
+				return err
+			}
 		}
 		if c.placeIn(pos, pg, kicks) {
 			return nil
@@ -961,6 +974,16 @@ func (c *Chain) addHash(h uint64) error {
 // share left (newest first: the slots deletes and expiry freed), else in
 // a new sub-filter (grow).
 func (c *Chain) placeOrGrow(h uint64) error {
+	if placed, err := c.placeOlder(h); err != nil || placed {
+		return err
+	}
+	return c.grow(h)
+}
+
+// placeOlder places h in a free slot of its buckets in a sub-filter older
+// than the newest with a share left, newest first, and reports whether it
+// did.
+func (c *Chain) placeOlder(h uint64) (bool, error) {
 	for s := len(c.subs) - 2; s >= 0; s-- {
 		if c.subs[s].full() {
 			continue
@@ -968,13 +991,26 @@ func (c *Chain) placeOrGrow(h uint64) error {
 		var pos position
 		pg, err := c.open(&pos, h, s)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if c.placeEmpty(&pos, pg) {
-			return nil
+			return true, nil
 		}
 	}
-	return c.grow(h)
+	return false, nil
+}
+
+// freeShare is the least share of the false-positive budget (0, 1, ...)
+// that no sub-filter of the chain has, other than but: a new sub-filter
+// takes it, so that the shares of the live sub-filters are distinct terms
+// of the geometric budget and add up to at most the target however many
+// sub-filters a window dropped (without a window, the next index).
+func (c *Chain) freeShare(but int) int {
+	for i := 0; ; i++ {
+		if i != but && !slices.ContainsFunc(c.subs, func(s SubFilter) bool { return s.share == i }) {
+			return i
+		}
+	}
 }
 
 // grow appends a sub-filter with Expansion times the root pages of the
@@ -984,7 +1020,7 @@ func (c *Chain) grow(h uint64) error {
 	if n == MaxSubFilters {
 		return fmt.Errorf("%w: %d sub-filters", ErrFull, MaxSubFilters)
 	}
-	c.subs = append(c.subs, c.subFilter(c.subs[n-1].share+1, c.p.nextPages(c.subs[n-1].RootPages)))
+	c.subs = append(c.subs, c.subFilter(c.freeShare(-1), c.p.nextPages(c.subs[n-1].RootPages)))
 	ok, err := c.place(h, n)
 	if err == nil && !ok {
 		// An empty sub-filter has room in the key's primary bucket.

@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"math"
 	"math/bits"
+	"slices"
 	"time"
 )
 
@@ -316,8 +317,10 @@ func DecodeMeta(b []byte) (Meta, error) {
 			return Meta{}, fmt.Errorf("%w: sub-filter %d has %d root pages", ErrCorrupt, i, s.RootPages)
 		}
 		switch {
-		case i > 0 && share <= m.SubFilters[i-1].share, i == 0 && share != 0 && k == nil:
-			// Only a window drops sub-filters, the oldest ones.
+		case k == nil && share != i, share >= MaxSubFilters,
+			slices.ContainsFunc(m.SubFilters, func(o SubFilter) bool { return o.share == share }):
+			// Only a window drops sub-filters; a new one takes the least
+			// share free, so that the shares are distinct.
 			return Meta{}, fmt.Errorf("%w: sub-filter %d has share %d of the budget", ErrCorrupt, i, share)
 		}
 		if want := m.Params.SubFilterBits(share); s.FingerprintBits != want {
@@ -350,7 +353,7 @@ func DecodeMeta(b []byte) (Meta, error) {
 			for t := range tags {
 				for d := range MaxDepth + 1 {
 					v, l := binary.Uvarint(rest)
-					if l <= 0 {
+					if l <= 0 || l != len(binary.AppendUvarint(nil, v)) {
 						return Meta{}, fmt.Errorf("%w: sub-filter %d: entries of generation tag %d unreadable", ErrCorrupt, i, t)
 					}
 					rest = rest[l:]

@@ -504,8 +504,11 @@ func (p Params) SubFilterBits(i int) int {
 	if p.FingerprintBits != 0 {
 		return p.FingerprintBits
 	}
-	f := int(math.Ceil(math.Log2(2 * float64(p.BucketSize) * (MaxDepth + 2) / p.subFilterShare(i))))
-	return min(max(f, MinFingerprintBits), p.maxFingerprintBits())
+	f := math.Ceil(math.Log2(2 * float64(p.BucketSize) * (MaxDepth + 2) / p.subFilterShare(i)))
+	if !(f < float64(p.maxFingerprintBits())) { // +Inf for a share that underflowed
+		return p.maxFingerprintBits()
+	}
+	return max(int(f), MinFingerprintBits)
 }
 
 // subFilterShare is ε_i, the false-positive rate sub-filter i may reach

@@ -498,3 +498,60 @@ func TestWindowFPRThroughTheCycle(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowBurstsReuseShares: a trickle of keys with, every 4 windows, a
+// burst that overflows the first sub-filter (Expansion 1): the chain
+// appends sub-filters for the burst and drops the oldest once their keys
+// expired. A new sub-filter takes the least share of the false-positive
+// budget no live one has, so that after any number of bursts the shares
+// stay below the most sub-filters ever live at once (their widths do not
+// creep towards the widest, nor their budgets towards none), and a chain
+// of one sub-filter never reports itself near full.
+func TestWindowBurstsReuseShares(t *testing.T) {
+	const window = 10_000 // ms
+	p := Params{Window: window * time.Millisecond, Capacity: 200, PageBytes: 256, Expansion: 1}
+	c, _ := newMem(t, p)
+	var k [8]byte
+	n, ts, most := uint64(0), int64(0), 0
+	insert := func() {
+		n++
+		binary.LittleEndian.PutUint64(k[:], n)
+		if _, err := c.InsertAt(k[:], ts); err != nil {
+			t.Fatal(err)
+		}
+		most = max(most, c.Len())
+	}
+	for round := range 10 {
+		for range 120_000 {
+			insert()
+		}
+		for range 4 * window / 10 {
+			ts += 10
+			insert()
+		}
+		s := c.Stats()
+		for _, sf := range c.subs {
+			if sf.share >= most {
+				t.Fatalf("burst %d: a sub-filter with share %d of the budget, at most %d sub-filters live at once", round, sf.share, most)
+			}
+		}
+		if s.NearFull && c.Len() == 1 {
+			t.Fatalf("burst %d: a chain of one sub-filter holding %d keys reports itself near full", round, s.Items)
+		}
+	}
+	if most < 2 {
+		t.Fatal("no burst appended a sub-filter")
+	}
+}
+
+// TestSubFilterBitsOfAVanishingShare: a share of the budget so small it
+// underflows (sub-filter 1100's: ε·2^-1101) gets the widest fingerprints,
+// not the narrowest (+Inf converted to an int is the least int).
+func TestSubFilterBitsOfAVanishingShare(t *testing.T) {
+	for _, p := range []Params{{}, {Window: time.Hour}} {
+		p = p.WithDefaults()
+		if got, want := p.SubFilterBits(1100), p.maxFingerprintBits(); got != want {
+			t.Errorf("%s: SubFilterBits(1100) = %d, want %d", p, got, want)
+		}
+	}
+}
