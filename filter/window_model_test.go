@@ -23,7 +23,6 @@ type rvModel struct {
 
 const preTS = math.MinInt64
 
-
 func (m *rvModel) oldest() int64 {
 	if m.wm == math.MinInt64 {
 		return preTS
