@@ -112,11 +112,15 @@ func (pos *position) entry() uint32 {
 // key's bits at the same places and, with a window, its generation has not
 // expired. 0 is an empty slot.
 func (pos *position) matches(v uint32) bool {
+	// The tags differ in all but about one slot in 2^tagBits: the rest is
+	// not inlined.
+	return (v^pos.tag)&(1<<pos.sub.tagBits-1) == 0 && v != 0 && pos.matchesRest(v)
+}
+
+// matchesRest is matches for a slot value whose tag is pos's.
+func (pos *position) matchesRest(v uint32) bool {
 	sf := pos.sub
 	k := sf.tagBits
-	if (v^pos.tag)&(1<<k-1) != 0 || v == 0 {
-		return false
-	}
 	if sf.gens == nil {
 		return prefixMatches(uint64(v>>k), pos.q)
 	}
