@@ -55,7 +55,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		replayed:       counter("kdedup_replayed_records_total", "Records applied to the filter without forwarding, to rebuild or catch up state from the input topic."),
 		expired:        counter("kdedup_filter_generations_expired_total", "Generations that expired holding keys because the dedup window passed them (only with WINDOW set)."),
 		swept:          counter("kdedup_filter_pages_swept_total", "Pages the dedup window's sweep read to clear expired entries: every page once every 2^t-1-G generations (7 at the defaults); not in kdedup_filter_page_reads_total (only with WINDOW set)."),
-		full:           counter("kdedup_filter_full_records_total", "Records whose key the chain could not remember because the key's generation holds the maximum of 64 sub-filters; new keys are forwarded and their repeats will be too."),
+		full:           counter("kdedup_filter_full_records_total", "Records whose key the chain could not remember because it holds the maximum of 64 sub-filters; new keys are forwarded and their repeats will be too."),
 		operations:     counter("kdedup_filter_operations_total", "Filter operations (lookups, inserts, adds, counts, deletes, refreshes) deciding records."),
 		pageReads:      counter("kdedup_filter_page_reads_total", "Pages the filter operations read: one per sub-filter an operation looks in, two more per page split; over kdedup_filter_operations_total, the pages touched per operation (1 until a chain appends a second sub-filter, at 256 times CAPACITY)."),
 		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{

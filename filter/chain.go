@@ -268,13 +268,13 @@ type Stats struct {
 	// 2^GenerationBits - 1 - Generations generations. Not in PageReads.
 	SweptPages uint64
 	// NewestFingerprintBits is the fingerprint width of the newest
-	// sub-filter of the newest generation.
+	// sub-filter.
 	NewestFingerprintBits int
 	// Watermark is the highest record timestamp seen, in milliseconds
 	// since the Unix epoch (math.MinInt64 before any, and without a
 	// window).
 	Watermark int64
-	// NearFull is set when the newest generation can add at most one more
+	// NearFull is set when the chain can add at most one more
 	// sub-filter before inserts fail (ErrFull) or, with a target rate, before a new
 	// sub-filter would need fingerprints wider than 32 bits and the chain
 	// would exceed its target.

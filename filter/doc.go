@@ -134,7 +134,9 @@
 // entries it finds: no entry lives 2^t generations, so a tag's age is
 // exact. Refresh re-tags a copy in place. The oldest sub-filters leave
 // the chain once they hold no live entry (Pager.Drop), so that a chain
-// grown for a burst goes back to one page a lookup a window later.
+// that appended sub-filters for a burst goes back to one page a lookup a
+// window later (the newest stays, at the size it grew to), and a new
+// sub-filter takes the least share of the budget no live one has.
 // Sub-filter IDs are never reused, so a store can delete a dropped
 // sub-filter's pages lazily. Format 6 and older gave each generation a
 // chain of its own, a lookup reading a page of each of the G+1 (9 by
