@@ -480,6 +480,8 @@ func BenchmarkDurable(b *testing.B) {
 // over the timed records: VmHWM also counts the pages of files the process
 // maps, such as Badger's value log, which the kernel reclaims first.
 // KDEDUP_BENCH_CPUPROFILE=file profiles the timed records alone.
+// KDEDUP_BENCH_WINDOW sets a dedup window (benchWindow: record i is
+// timestamped i ms, so a window of K ms holds K keys).
 //
 //	KDEDUP_BENCH_KEYS=1000000 go test -run '^$' -bench 'DurableRate' -benchtime 1000000x -timeout 60m ./store
 func BenchmarkDurableRate(b *testing.B) {
