@@ -219,8 +219,9 @@ func (c *Chain) startAt(k, ts int64, err error) error {
 // dropEmpty drops the oldest sub-filters, older than the newest, while
 // they hold no live entry: a chain that appended sub-filters for a burst
 // of keys goes back to one page a lookup and gives their pages back a
-// window after the burst (Pager.Drop); the newest keeps its pages. Only the oldest leave, so that no page's place in
-// the sweep's order moves later. The newest is kept, to take inserts.
+// window after the burst (Pager.Drop). Only the oldest leave, so that no
+// page's place in the sweep's order moves later; the newest is kept, with
+// its pages, to take inserts.
 func (c *Chain) dropEmpty() {
 	n := 0
 	for n < len(c.subs)-1 && c.subs[n].Items == 0 {
