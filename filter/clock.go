@@ -70,10 +70,11 @@ func (k *clock) passGens() int64 { return int64(k.mask) - int64(k.maxAge) }
 // an expired entry is an empty slot to Insert, Add, eviction walks and
 // splits) and by a sweep that Advance runs: over P = 2^GenerationBits - 1
 // - Generations generations (7 at the defaults) it reads every page of the
-// chain once, in order, a block of about 1/P of them in each generation,
-// in step with the watermark's progress through the generation's span,
-// and clears the expired entries of the pages it reads. A page is read
-// once every P generations, so an entry has been cleared before it is
+// chain once, root page by root page (each with the pages split from
+// it), a block of about 1/P of them in each generation, in step with the
+// watermark's progress through the generation's span, and clears the
+// expired entries of the pages it reads. A page is read once every P
+// generations, so an entry has been cleared before it is
 // 2^GenerationBits generations old, and a tag's age (modulo
 // 2^GenerationBits) is its true age. A watermark that jumps two
 // generations or more reads every page at once, clearing every entry the

@@ -30,8 +30,8 @@ type Pager interface {
 	// per place. 0 <= off and off+n <= len(page); a Pager may treat a call
 	// outside that as MarkDirty.
 	MarkChanged(id PageID, page []byte, off, n int)
-	// Drop records that sub-filter subFilter left the chain (its generation
-	// expired): none of its pages will be asked for again, and they may be
+	// Drop records that sub-filter subFilter left the chain (a window's
+	// oldest, once every key it held expired): none of its pages will be asked for again, and they may be
 	// deleted once metadata without the sub-filter is durable, not before
 	// (the durable metadata still refers to them until then). Pages of the
 	// sub-filter marked dirty and not yet persisted need not be.

@@ -520,7 +520,7 @@ func (p Params) subFilterShare(i int) float64 {
 	return p.TargetFPR * (1 - tightening) * math.Pow(tightening, float64(i))
 }
 
-// derive sets the fields of sf, sub-filter i of its generation, that follow
+// derive sets the fields of sf, with share i of the budget, that follow
 // from Params and its width: the split of its slots, the buckets per page
 // and the weight at which it has spent its share of the target.
 func (p Params) derive(sf *SubFilter, i int) {
@@ -552,7 +552,7 @@ func (p Params) bucketsPerPage(f int) uint64 {
 	return uint64(p.PageBytes*8/(p.BucketSize*f)) &^ 1
 }
 
-// firstPages is the root page count of a generation's first sub-filter:
+// firstPages is the root page count of a chain's first sub-filter:
 // enough pages for Capacity keys at a load of 1 (any count; the page
 // index is a multiply-shift, see Chain.locate). It grows in place from
 // there.
