@@ -563,7 +563,12 @@ func (c *Chain) Stats() Stats {
 	}
 	s.Generations = 1
 	if c.gens != nil {
-		s.Generations = len(c.Generations())
+		s.Generations = 0 // len(c.Generations()), without its allocation
+		for _, u := range c.gens.used {
+			if u {
+				s.Generations++
+			}
+		}
 	}
 	s.LoadFactor = float64(s.Items) / float64(s.Slots)
 	newest := c.subs[len(c.subs)-1]
