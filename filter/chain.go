@@ -755,11 +755,12 @@ func (c *Chain) placeSplitting(h uint64, s int, pos *position, pg []byte) error 
 		kicks := c.p.MaxKicks
 		if canSplit {
 			kicks = min(kicks, splitKicks)
-		} else if c.gens != nil && s == len(c.subs)-1 {
+		} else if c.gens != nil && s == len(c.subs)-1 && s > 0 {
 			// A window's older sub-filters get slots back as generations
 			// expire: a free slot there is cheaper than a walk of MaxKicks
 			// in a page that cannot split, most of which fail when the
-			// newest sub-filter is near full at its deepest.
+			// newest sub-filter is near full at its deepest. (A chain of
+			// one sub-filter reads no other page.)
 			placed, err := c.placeOlder(h)
 			if err != nil || placed {
 				return err
