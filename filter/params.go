@@ -142,8 +142,9 @@ type Params struct {
 	// Generations is how many generations a window holds (default 8 when
 	// Window is set, 1 to 64): more generations expire keys closer to the
 	// window (the overshoot is one span) at the price of a wider
-	// generation tag in every slot (GenerationBits: 4 bits up to 14
-	// generations, 5 up to 30, 6 up to 62, 7 above).
+	// generation tag in every slot (GenerationBits: 2 bits for 1 or 2
+	// generations, 3 up to 6, 4 up to 14, 5 up to 30, 6 up to 62, 7
+	// above).
 	Generations int
 	// KeySpec names how the caller derives the keys it inserts (dedup
 	// stores its key spec, KDEDUP_KEY, here; default empty). The filter does
